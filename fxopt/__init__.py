@@ -1,0 +1,39 @@
+"""fxopt: composable, verifiable optimization passes over torch.fx GraphModules.
+
+Quick start::
+
+    import fxopt, torch
+    gm = fxopt.optimize(torch.fx.symbolic_trace(model), example_inputs=(x,), verify=True)
+    print(fxopt.report_of(gm))
+"""
+
+from fxopt.errors import (
+    AnalysisError,
+    FxoptError,
+    InputError,
+    PassContractError,
+    PassError,
+    PassOptionError,
+    PipelineError,
+    TraceError,
+    UnknownPassError,
+    VerificationError,
+)
+from fxopt.manager import Instrumentation, PassManager, VerifyEach
+from fxopt.optimize import DEFAULT_PIPELINE, optimize, report_of
+from fxopt.pass_protocol import FunctionPass, Option, Pass, PassResult
+from fxopt.pipeline import Conditional, Fixpoint, SequencePass, parse_pipeline
+from fxopt.provenance import origins, record_replacement
+from fxopt.registry import get_pass_class, register_pass, registered_passes
+from fxopt.report import PassRecord, Report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
+    "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
+    "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
+    "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
+    "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
+    "register_pass", "registered_passes", "report_of",
+]

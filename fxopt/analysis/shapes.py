@@ -1,0 +1,96 @@
+"""Shapes and dtypes by FakeTensor propagation, stored where torch's own tools look.
+
+Every node gets ``meta['val']`` (a FakeTensor, or a nested structure of them) and
+``meta['tensor_meta']``. FakeTensors carry storages, so aliasing (views share their
+base's storage) falls out of the same run; see :mod:`fxopt.analysis.alias`.
+
+Inputs come from the run's example inputs or, for graphs that already carry them
+(torch.export, make_fx, Dynamo), from the placeholders' ``meta['val']``; the existing
+fake mode (and its ShapeEnv, for dynamic shapes) is reused so symbols stay symbolic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.utils._pytree import tree_map
+
+from fxopt.analysis.manager import register_analysis
+from fxopt.errors import AnalysisError
+
+
+class _FakePropagator(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, mode: FakeTensorMode):
+        super().__init__(gm, garbage_collect_values=False)
+        self.extra_traceback = False
+        self.mode = mode
+
+    def _to_fake(self, value: Any) -> Any:
+        def convert(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
+                return self.mode.from_tensor(x, static_shapes=True)
+            return x
+
+        return tree_map(convert, value)
+
+    def run_node(self, node: fx.Node) -> Any:
+        try:
+            result = super().run_node(node)
+        except Exception as exc:  # every failure is reported at the node that failed
+            raise AnalysisError("shapes", f"{type(exc).__name__}: {exc}", node=node.name) from exc
+        if node.op == "get_attr":
+            result = self._to_fake(result)
+        record_value(node, result)
+        return result
+
+
+def record_value(node: fx.Node, value: Any) -> None:
+    """Store ``value`` (fake) as ``meta['val']`` and its metadata as ``meta['tensor_meta']``."""
+    node.meta["val"] = value
+    if isinstance(value, torch.Tensor):
+        node.meta["tensor_meta"] = _extract_tensor_metadata(value)
+    elif isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        node.meta["tensor_meta"] = type(value)(_extract_tensor_metadata(v) for v in value)
+    else:
+        node.meta.pop("tensor_meta", None)
+
+
+def fake_mode_for(gm: fx.GraphModule, example_inputs: Any) -> tuple[FakeTensorMode, list[Any]]:
+    """The fake mode and fake placeholder values to propagate ``gm`` with."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if example_inputs is None:
+        vals = [p.meta.get("val") for p in placeholders]
+        for p, v in zip(placeholders, vals):
+            if v is None:
+                raise AnalysisError(
+                    "shapes",
+                    "no example inputs and the placeholder has no meta['val']; "
+                    "pass example_inputs=(...) to fxopt.optimize / PassManager.run",
+                    node=p.name,
+                )
+        mode = torch._guards.detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
+        mode.allow_non_fake_inputs = True
+        fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
+                else v for v in vals]
+        return mode, fake
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    flat = gm.graph.process_inputs(*example_inputs)
+    return mode, [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                  for x in flat]
+
+
+@register_analysis("shapes")
+def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
+    """Run ``gm`` on fake inputs, filling ``meta['val']`` / ``meta['tensor_meta']``.
+
+    Returns the fake mode used, so later analyses can create compatible fake tensors.
+    """
+    mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None))
+    propagator = _FakePropagator(gm, mode)
+    with mode, torch.no_grad():
+        propagator.run(*fake_inputs, enable_io_processing=False)
+    return mode

@@ -1,0 +1,76 @@
+"""Typed exceptions: every error fxopt raises names the pass, node or argument at fault.
+
+All of them derive from :class:`FxoptError`, so ``except fxopt.FxoptError`` catches
+anything fxopt raises on purpose, while each subclass also derives from the builtin that
+fits (``ValueError``, ``TypeError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class FxoptError(Exception):
+    """Base class of every error fxopt raises deliberately."""
+
+
+class PipelineError(FxoptError, ValueError):
+    """A pipeline is malformed: bad syntax, unknown pass, bad option, broken ordering."""
+
+
+class UnknownPassError(PipelineError, KeyError):
+    """A pass name is not registered; the message lists the closest registered names."""
+
+    def __init__(self, name: str, suggestions: Iterable[str]):
+        self.name = name
+        self.suggestions = list(suggestions)
+        hint = f"; did you mean {', '.join(map(repr, self.suggestions))}?" if self.suggestions else ""
+        super().__init__(f"unknown pass {name!r}{hint} (`fxopt passes` lists them all)")
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0])
+
+
+class PassOptionError(PipelineError, TypeError):
+    """An option given to a pass does not exist or has the wrong type."""
+
+    def __init__(self, pass_name: str, option: str, message: str):
+        self.pass_name = pass_name
+        self.option = option
+        super().__init__(f"pass {pass_name!r}, option {option!r}: {message}")
+
+
+class InputError(FxoptError, ValueError):
+    """Example inputs do not fit the graph (arity, shape or dtype); raised before any pass."""
+
+
+class TraceError(FxoptError, RuntimeError):
+    """An ``nn.Module`` could not be captured as a GraphModule."""
+
+
+class AnalysisError(FxoptError, RuntimeError):
+    """An analysis could not be computed (e.g. shapes without example inputs)."""
+
+    def __init__(self, analysis: str, message: str, node: str | None = None):
+        self.analysis = analysis
+        self.node = node
+        where = f" at node {node!r}" if node else ""
+        super().__init__(f"analysis {analysis!r}{where}: {message}")
+
+
+class PassError(FxoptError, RuntimeError):
+    """A pass raised; the GraphModule was restored to its state before that pass."""
+
+    def __init__(self, pass_name: str, message: str, node: str | None = None):
+        self.pass_name = pass_name
+        self.node = node
+        where = f" at node {node!r}" if node else ""
+        super().__init__(f"pass {pass_name!r} failed{where}: {message}")
+
+
+class PassContractError(PassError, TypeError):
+    """A pass broke the pass contract (wrong return type, mutated a parameter in place)."""
+
+
+class VerificationError(PassError):
+    """A pass produced a graph that fails lint or is not numerically equivalent."""

@@ -1,0 +1,268 @@
+"""The PassManager: runs passes transactionally, with cached analyses and instrumentation.
+
+Each leaf pass runs inside a transaction: a cheap snapshot of the graph and module
+state is taken first, and if the pass raises, breaks the pass contract or fails
+verification, the GraphModule is put back exactly as it was (graph, generated code,
+attributes, parameters, buffers) before a typed error naming the pass is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from fxopt.context import PassContext
+from fxopt.errors import (
+    FxoptError,
+    InputError,
+    PassContractError,
+    PassError,
+    VerificationError,
+)
+from fxopt.numerics import compare
+from fxopt.pass_protocol import Pass, PassResult
+from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
+from fxopt.report import PassRecord, Report
+from fxopt.snapshot import GraphSnapshot, ModuleState, TensorBackup
+
+REPORT_KEY = "fxopt.report"
+
+
+class Instrumentation:
+    """Hooks called around every leaf pass. Subclass and override what you need.
+
+    ``after_pass`` runs inside the pass's transaction: raising from it rolls the pass
+    back (that is how verify-each works).
+    """
+
+    def before_pass(self, pass_: Pass, gm: fx.GraphModule, ctx: PassContext) -> None:
+        """Called before ``pass_`` runs."""
+
+    def after_pass(self, pass_: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord) -> None:
+        """Called after ``pass_`` ran successfully; ``record`` holds its statistics."""
+
+
+class VerifyEach(Instrumentation):
+    """Lint and numerically compare the graph after each changing pass with before it."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                 rtol: float | None = None, atol: float | None = None):
+        self.inputs = tuple(example_inputs)
+        self.rtol, self.atol = rtol, atol
+        self.reference = self._execute(gm)
+
+    def _execute(self, gm: fx.GraphModule) -> Any:
+        inputs = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, self.inputs)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            return gm(*inputs)
+
+    def after_pass(self, pass_: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord) -> None:
+        if not record.changed:
+            return
+        try:
+            gm.graph.lint()
+        except Exception as exc:
+            raise VerificationError(pass_.name, f"graph lint failed: {exc}") from exc
+        try:
+            out = self._execute(gm)
+        except Exception as exc:
+            raise VerificationError(pass_.name, f"the rewritten graph raises {type(exc).__name__}: {exc}") from exc
+        mismatch = compare(self.reference, out, self.rtol, self.atol)
+        if mismatch is not None:
+            raise VerificationError(pass_.name, f"not equivalent to the graph before it: {mismatch}")
+        self.reference = out
+
+
+class PassManager:
+    """Runs a pipeline of passes over a GraphModule in place.
+
+    ``passes`` accepts names, textual pipelines, Pass objects or classes, plain
+    functions and nested lists; everything is resolved and checked (names, options,
+    ordering constraints) in the constructor, before any pass runs.
+    """
+
+    def __init__(
+        self,
+        passes: PassLike | Iterable[PassLike],
+        *,
+        verify: bool = False,
+        instrument: bool = True,
+        hooks: Iterable[Instrumentation] = (),
+        rtol: float | None = None,
+        atol: float | None = None,
+        tensor_backup_limit: int = 1 << 30,
+    ):
+        self.passes = resolve(passes)
+        check_ordering(self.passes)
+        self.verify = verify
+        self.instrument = instrument
+        self.hooks = list(hooks)
+        self.rtol, self.atol = rtol, atol
+        self.tensor_backup_limit = tensor_backup_limit
+
+    def run(self, gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
+            training: bool | None = None, settings: dict[str, Any] | None = None) -> Report:
+        """Optimize ``gm`` in place and return the report (also at ``gm.meta['fxopt.report']``)."""
+        if not isinstance(gm, fx.GraphModule):
+            raise TypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
+        if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
+            raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
+        if self.verify and example_inputs is None:
+            raise InputError("verify=True needs example_inputs to run the graph on")
+        ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
+                          training=gm.training if training is None else training,
+                          settings=dict(settings or {}))
+        if example_inputs is not None:
+            check_example_inputs(gm, ctx)
+        hooks = list(self.hooks)
+        if self.verify:
+            hooks.append(VerifyEach(gm, example_inputs, self.rtol, self.atol))
+            ctx.report.verified = True
+        run = _Run(gm, ctx, hooks if (self.instrument or self.verify) else [], self.instrument,
+                   TensorBackup(gm, self.tensor_backup_limit))
+        for p in self.passes:
+            ctx.report.records.append(run.execute(p))
+        gm.meta[REPORT_KEY] = ctx.report
+        return ctx.report
+
+
+class _Run:
+    """The state of one PassManager.run: executes (nested) passes transactionally."""
+
+    def __init__(self, gm: fx.GraphModule, ctx: PassContext, hooks: list[Instrumentation],
+                 keep_snapshots: bool, backup: TensorBackup):
+        self.gm, self.ctx, self.hooks = gm, ctx, hooks
+        self.keep_snapshots = keep_snapshots
+        self.backup = backup
+
+    def execute(self, p: Pass) -> PassRecord:
+        if isinstance(p, Composite):
+            return self._composite(p)
+        return self._leaf(p)
+
+    def _composite(self, p: Composite) -> PassRecord:
+        record = PassRecord(p.name, nodes_before=len(self.gm.graph.nodes))
+        start = time.perf_counter()
+        if isinstance(p, Conditional) and not p.predicate(self.gm, self.ctx):
+            record.skipped = "condition is false"
+        elif isinstance(p, Fixpoint):
+            bound = p.options["max_rounds"]
+            rounds, changed = 0, True
+            while changed and rounds < bound:
+                rounds += 1
+                round_records = [self.execute(child) for child in p.children]
+                record.children.extend(round_records)
+                changed = any(r.changed for r in round_records)
+                record.changed |= changed
+            record.rounds = rounds
+            if changed:
+                message = f"fixpoint hit its bound of {bound} rounds and was still changing the graph"
+                record.warnings.append(message)
+                self.ctx.warn(message)
+        else:
+            for child in p.children:
+                child_record = self.execute(child)
+                record.children.append(child_record)
+                record.changed |= child_record.changed
+        record.seconds = time.perf_counter() - start
+        record.nodes_after = len(self.gm.graph.nodes)
+        return record
+
+    def _leaf(self, p: Pass) -> PassRecord:
+        gm, ctx = self.gm, self.ctx
+        record = PassRecord(p.name, nodes_before=len(gm.graph.nodes))
+        if p.inference_only and ctx.training:
+            record.skipped = "inference-only pass skipped on a training graph"
+            record.nodes_after = record.nodes_before
+            return record
+        snapshot = GraphSnapshot.take(gm.graph)
+        state = ModuleState(gm)
+        start = time.perf_counter()
+        try:
+            for hook in self.hooks:
+                hook.before_pass(p, gm, ctx)
+            for name in p.requires:
+                ctx.analysis(name)
+            result = _as_result(p, p.run(gm, ctx))
+            mutated = state.mutated_tensors()
+            if mutated:
+                raise PassContractError(
+                    p.name, f"wrote into existing tensor {mutated[0][0]!r} in place; "
+                            "passes must create new tensors instead")
+            record.changed = result.changed or len(gm.graph.nodes) != len(snapshot)
+            record.stats = result.stats
+            if record.changed:
+                gm.recompile()
+                ctx.analyses.invalidate(p.preserves)
+            record.seconds = time.perf_counter() - start
+            record.nodes_after = len(gm.graph.nodes)
+            for hook in self.hooks:
+                hook.after_pass(p, gm, ctx, record)
+        except BaseException as exc:
+            self._rollback(snapshot, state)
+            if isinstance(exc, PassError) or not isinstance(exc, Exception):
+                raise
+            message = str(exc) if isinstance(exc, FxoptError) else f"{type(exc).__name__}: {exc}"
+            raise PassError(p.name, message, node=getattr(exc, "node", None)) from exc
+        if record.changed and self.keep_snapshots:
+            record.before = snapshot
+        return record
+
+    def _rollback(self, snapshot: GraphSnapshot, state: ModuleState) -> None:
+        restored = self.backup.restore(state.mutated_tensors())
+        state.restore()
+        self.gm.graph = snapshot.build(self.gm)
+        self.ctx.analyses.invalidate()
+        if not restored:
+            self.ctx.report.warnings.append("parameter data written in place could not be restored")
+
+
+def _as_result(p: Pass, value: Any) -> PassResult:
+    if isinstance(value, PassResult):
+        return value
+    if isinstance(value, bool):
+        return PassResult(changed=value)
+    raise PassContractError(p.name, f"run() returned {type(value).__name__}; expected PassResult or bool")
+
+
+def check_example_inputs(gm: fx.GraphModule, ctx: PassContext) -> None:
+    """Reject example inputs of the wrong arity, shape or dtype before any pass runs.
+
+    Static checks against placeholder metadata come first (clear messages); then a
+    FakeTensor run catches shapes that only fail deeper in the graph. That run also
+    seeds the shapes analysis, so passes that need shapes get them for free. On failure
+    the graph's metadata is restored: bad input leaves the user's graph untouched.
+    """
+    inputs = ctx.example_inputs or ()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        flat = list(gm.graph.process_inputs(*inputs))
+    except Exception as exc:
+        raise InputError(f"example inputs do not match the graph's input structure: {exc}") from None
+    varargs = any(str(p.target).startswith("*") for p in placeholders)
+    required = [p for p in placeholders if not p.args and not str(p.target).startswith("*")]
+    if len(flat) < len(required) or (len(flat) > len(placeholders) and not varargs):
+        names = ", ".join(p.name for p in placeholders)
+        raise InputError(f"the graph takes {len(required)} input(s) ({names}), got {len(flat)}")
+    for p, value in zip(placeholders, flat):
+        expected = p.meta.get("val")
+        if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
+            if expected.dtype != value.dtype:
+                raise InputError(f"input {p.name!r}: dtype {value.dtype}, the graph expects {expected.dtype}")
+            if expected.dim() != value.dim() or any(
+                isinstance(e, int) and e != v for e, v in zip(expected.shape, value.shape)
+            ):
+                raise InputError(f"input {p.name!r}: shape {tuple(value.shape)}, "
+                                 f"the graph expects {tuple(expected.shape)}")
+    snapshot = GraphSnapshot.take(gm.graph)
+    try:
+        ctx.analysis("shapes")
+    except FxoptError as exc:
+        snapshot.restore_meta()
+        raise InputError(f"example inputs do not fit the graph: {exc}") from exc

@@ -1,0 +1,103 @@
+"""``fxopt.optimize``: the one-call entry point over models and GraphModules."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from fxopt.errors import TraceError
+from fxopt.manager import REPORT_KEY, Instrumentation, PassManager
+from fxopt.pipeline import PassLike
+from fxopt.report import Report
+
+#: what ``optimize`` runs when ``passes`` is omitted: inference cleanups, safe on any graph
+DEFAULT_PIPELINE: tuple[str, ...] = (
+    "remove_dropout",
+    "eliminate_identity",
+    "constant_fold",
+    "cse",
+    "dce",
+)
+
+
+def optimize(
+    model: nn.Module | fx.GraphModule | torch.export.ExportedProgram,
+    passes: PassLike | Iterable[PassLike] | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    verify: bool = False,
+    inplace: bool = False,
+    instrument: bool = True,
+    hooks: Iterable[Instrumentation] = (),
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> fx.GraphModule:
+    """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
+
+    ``model`` may be a GraphModule (``symbolic_trace``, ``torch.export(...).module()``,
+    ``make_fx``), an ``ExportedProgram``, or a plain ``nn.Module`` (traced here with
+    ``symbolic_trace``). The user's model is never modified unless ``inplace=True``:
+    the optimized GraphModule is a copy that shares parameter tensors with it (passes
+    create new tensors rather than writing into shared ones).
+
+    The run's report is ``fxopt.report_of(result)`` (also ``result.meta['fxopt.report']``).
+    With ``verify=True`` every pass is checked for graph lint and numerical equivalence
+    on ``example_inputs``; the first pass that breaks it is named in the error and rolled
+    back.
+    """
+    gm = as_graph_module(model)
+    if not inplace:
+        gm = copy_sharing_tensors(gm)
+    manager = PassManager(
+        DEFAULT_PIPELINE if passes is None else passes,
+        verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol,
+    )
+    manager.run(gm, example_inputs)
+    return gm
+
+
+def report_of(gm: fx.GraphModule) -> Report:
+    """The report of the last fxopt run over ``gm``."""
+    try:
+        return gm.meta[REPORT_KEY]
+    except (AttributeError, KeyError):
+        raise KeyError("this GraphModule has not been through fxopt.optimize / PassManager.run") from None
+
+
+def as_graph_module(model: Any) -> fx.GraphModule:
+    """Capture ``model`` as a GraphModule, or explain why it cannot be and what to do."""
+    if isinstance(model, fx.GraphModule):
+        return model
+    if isinstance(model, torch.export.ExportedProgram):
+        return model.module()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"optimize takes an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}")
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as exc:
+        raise TraceError(
+            f"torch.fx.symbolic_trace could not trace {type(model).__name__}: {type(exc).__name__}: {exc}\n"
+            "Data-dependent control flow and non-torch calls need another capture path: pass "
+            "torch.export.export(model, example_inputs).module() (or the ExportedProgram itself), "
+            "a graph from torch.fx.experimental.proxy_tensor.make_fx, or use "
+            "fxopt's torch.compile backend, which handles graph breaks."
+        ) from exc
+
+
+def copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy of ``gm``'s graph and module tree whose tensors are the originals.
+
+    Copying the structure is what keeps the user's model untouched; sharing the tensors
+    keeps a multi-GB model from being duplicated in memory.
+    """
+    memo: dict[int, Any] = {}
+    for module in gm.modules():
+        for value in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+    return copy.deepcopy(gm, memo)

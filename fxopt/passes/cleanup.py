@@ -1,0 +1,295 @@
+"""Cleanup passes: dce, cse, constant_fold, remove_dropout, eliminate_identity.
+
+All of them consult :mod:`fxopt.analysis.effects`, which is what makes them sound where
+torch's own helpers are not: ``Graph.eliminate_dead_code()`` drops the unused results of
+``x.add_()``, ``torch.relu_``, ``+=`` and ``nn.ReLU(inplace=True)``; ours keeps them,
+and CSE never merges random ops or computations separated by an in-place write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fxopt.analysis.effects import is_pure, is_random, mutated_inputs
+from fxopt.errors import AnalysisError
+from fxopt.pass_protocol import Option, Pass, PassResult
+from fxopt.provenance import record_replacement
+from fxopt.registry import register_pass
+
+
+def replace_node(node: fx.Node, replacement: fx.Node, pass_name: str) -> None:
+    """Point every user of ``node`` at ``replacement``, note provenance, erase ``node``."""
+    node.replace_all_uses_with(replacement)
+    record_replacement(replacement, [node], pass_name)
+    node.graph.erase_node(node)
+
+
+@register_pass
+class DeadCodeElimination(Pass):
+    """Remove unused nodes that have no side effects (in-place and random ops are kept)."""
+
+    name = "dce"
+    preserves = ("shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        removed = 0
+        for node in reversed(gm.graph.nodes):
+            if not node.users and is_pure(node):
+                gm.graph.erase_node(node)
+                removed += 1
+        return PassResult(removed > 0, {"removed": removed})
+
+
+def _hashable(value: Any) -> Any:
+    """A hashable key for an argument that never equates values torch treats differently
+    (``1``, ``1.0`` and ``True``; ``0.0`` and ``-0.0``)."""
+    if isinstance(value, fx.Node):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", _hashable(value.start), _hashable(value.stop), _hashable(value.step))
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if isinstance(value, (bool, int, complex, str)) or value is None:
+        return (type(value).__name__, value)
+    return ("obj", id(value))  # tensors, modules, dtypes...: identity
+
+
+@register_pass
+class CommonSubexpressionElimination(Pass):
+    """Merge identical pure computations; never random ops or ones across an in-place write."""
+
+    name = "cse"
+    preserves = ("shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        seen: dict[Any, fx.Node] = {}
+        merged = 0
+        for node in list(gm.graph.nodes):
+            if mutated_inputs(node):
+                # a write may change what any earlier expression would compute now
+                seen.clear()
+                continue
+            if node.op not in ("call_function", "call_method", "call_module", "get_attr") or not is_pure(node):
+                continue
+            key = (node.op, _hashable(node.target), _hashable(node.args), _hashable(dict(node.kwargs)))
+            twin = seen.get(key)
+            if twin is None:
+                seen[key] = node
+            else:
+                replace_node(node, twin, self.name)
+                merged += 1
+        return PassResult(merged > 0, {"merged": merged})
+
+
+@register_pass
+class ConstantFold(Pass):
+    """Evaluate subgraphs that depend only on parameters and constants, storing buffers."""
+
+    name = "constant_fold"
+    inference_only = True  # parameters become constants: gradients no longer reach them
+    options: ClassVar = {
+        "max_bytes": Option(int, 64 << 20, "skip folded results larger than this many bytes"),
+    }
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        constant = {n for n in gm.graph.nodes if self._is_constant_source(gm, n)}
+        for node in gm.graph.nodes:
+            if (node.op in ("call_function", "call_method", "call_module") and is_pure(node)
+                    and all(i in constant for i in node.all_input_nodes)):
+                constant.add(node)
+        frontier = [n for n in gm.graph.nodes
+                    if n in constant and n.op != "get_attr" and any(u not in constant for u in n.users)]
+        if not frontier:
+            return PassResult(False, {"folded": 0})
+        values = self._evaluate(gm, constant)
+        folded, too_large = 0, 0
+        for node in frontier:
+            value = values[node]
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.numel() * value.element_size() > self.options["max_bytes"]:
+                too_large += 1
+                continue
+            attr = _fresh_attr_name(gm, f"_folded_{node.name}")
+            gm.register_buffer(attr, value.detach().clone())
+            with gm.graph.inserting_before(node):
+                getter = gm.graph.get_attr(attr)
+            getter.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta")})
+            replace_node(node, getter, self.name)
+            folded += 1
+        for node in reversed(gm.graph.nodes):
+            if node in constant and not node.users and node.op != "get_attr":
+                gm.graph.erase_node(node)
+        return PassResult(folded > 0, {"folded": folded, "too_large": too_large})
+
+    @staticmethod
+    def _is_constant_source(gm: fx.GraphModule, node: fx.Node) -> bool:
+        if node.op != "get_attr":
+            return False
+        try:
+            return isinstance(_fetch_attr(gm, node.target), torch.Tensor)
+        except AttributeError:
+            return False
+
+    @staticmethod
+    def _evaluate(gm: fx.GraphModule, constant: set[fx.Node]) -> dict[fx.Node, Any]:
+        interpreter = fx.Interpreter(gm)
+        values: dict[fx.Node, Any] = {}
+        with torch.no_grad():
+            for node in gm.graph.nodes:
+                if node in constant:
+                    interpreter.env = values
+                    values[node] = interpreter.run_node(node)
+        return values
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                    nn.FeatureAlphaDropout)
+_DROPOUT_FUNCTIONS = {
+    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+    torch.dropout, torch.alpha_dropout, torch.feature_alpha_dropout, torch.feature_dropout,
+    torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default,
+    torch.ops.aten.alpha_dropout.default, torch.ops.aten.feature_alpha_dropout.default,
+}
+
+
+@register_pass
+class RemoveDropout(Pass):
+    """Remove dropout that is switched off (eval-mode modules, functional training=False)."""
+
+    name = "remove_dropout"
+    preserves = ("shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        removed = 0
+        for node in list(gm.graph.nodes):
+            if self._is_disabled_dropout(gm, node):
+                source = node.args[0] if node.args else node.kwargs["input"]
+                replace_node(node, source, self.name)
+                removed += 1
+        return PassResult(removed > 0, {"removed": removed})
+
+    @staticmethod
+    def _is_disabled_dropout(gm: fx.GraphModule, node: fx.Node) -> bool:
+        if node.op == "call_module":
+            return isinstance(gm.get_submodule(node.target), _DROPOUT_MODULES) and not is_random(node)
+        if node.op == "call_function":
+            try:
+                known = node.target in _DROPOUT_FUNCTIONS
+            except TypeError:
+                return False
+            return known and not is_random(node) and _training_flag(node) is False
+        return False
+
+
+def _training_flag(node: fx.Node) -> bool | None:
+    """The explicit training/train flag of a dropout call (F.dropout defaults to True)."""
+    for key in ("training", "train"):
+        if key in node.kwargs:
+            return node.kwargs[key]
+    if len(node.args) > 2:
+        return node.args[2]
+    return True
+
+
+# --- identity elimination -----------------------------------------------------------
+
+_CAST_METHODS = frozenset({"float", "double", "half", "bfloat16", "int", "long", "bool",
+                           "to", "type", "type_as"})
+_VIEW_TARGETS = {"view", "reshape", "expand", torch.reshape,
+                 torch.ops.aten.view.default, torch.ops.aten.reshape.default,
+                 torch.ops.aten.expand.default, torch.ops.aten._unsafe_view.default}
+_ALIAS_TARGETS = {torch.ops.aten.alias.default}
+
+
+@register_pass
+class EliminateIdentity(Pass):
+    """Remove no-ops: nn.Identity, same-dtype casts, contiguous() of contiguous tensors,
+    views/reshapes/expands/permutes that keep the shape."""
+
+    name = "eliminate_identity"
+    preserves = ("shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        try:
+            ctx.analysis("shapes")
+            have_shapes = True
+        except AnalysisError:
+            have_shapes = False  # only the shape-free rules apply
+        removed = 0
+        for node in list(gm.graph.nodes):
+            source = self._identity_source(gm, node, have_shapes)
+            if source is not None:
+                replace_node(node, source, self.name)
+                removed += 1
+        stats: dict[str, Any] = {"removed": removed}
+        if not have_shapes:
+            stats["shape_rules"] = "skipped: no shapes (pass example_inputs)"
+        return PassResult(removed > 0, stats)
+
+    @staticmethod
+    def _identity_source(gm: fx.GraphModule, node: fx.Node, have_shapes: bool) -> fx.Node | None:
+        """The input that ``node`` returns unchanged (or a view of, with equal shape)."""
+        if node.op == "call_module":
+            return node.args[0] if isinstance(gm.get_submodule(node.target), nn.Identity) else None
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return None
+        source = node.args[0]
+        if not isinstance(source, fx.Node):
+            return None
+        target = node.target
+        try:
+            if target in _ALIAS_TARGETS:
+                return source
+        except TypeError:
+            return None
+        if not have_shapes:
+            return None
+        out, inp = node.meta.get("val"), source.meta.get("val")
+        if not (isinstance(out, torch.Tensor) and isinstance(inp, torch.Tensor)):
+            return None
+        if out.shape != inp.shape or out.dtype != inp.dtype or out.device != inp.device:
+            return None
+        if node.op == "call_method" and target in _CAST_METHODS:
+            # Tensor.to/float/... return `self` (not a copy) when dtype, device and layout stay
+            keeps_layout = out.stride() == inp.stride() and not node.kwargs.get("copy", False)
+            return source if keeps_layout else None
+        if target in ("contiguous", torch.ops.aten.contiguous.default):
+            return source if inp.is_contiguous() else None
+        if target in ("permute", torch.permute, torch.ops.aten.permute.default):
+            dims = node.args[1:] if node.op == "call_method" and len(node.args) > 2 else node.args[1]
+            return source if list(dims) == list(range(inp.dim())) else None
+        if target in ("transpose", torch.transpose, torch.ops.aten.transpose.int):
+            return source if len(node.args) == 3 and _same_dim(node.args[1], node.args[2], inp.dim()) else None
+        if target in _VIEW_TARGETS:
+            return source if out.stride() == inp.stride() else None
+        return None
+
+
+def _same_dim(a: Any, b: Any, rank: int) -> bool:
+    return isinstance(a, int) and isinstance(b, int) and a % max(rank, 1) == b % max(rank, 1)
+
