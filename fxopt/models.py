@@ -50,3 +50,269 @@ def demo_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
             m.weight.data.uniform_(0.5, 1.5)
             m.bias.data.uniform_(-0.2, 0.2)
     return model, (torch.randn(2, 3, 32, 32),)
+
+
+# --------------------------------------------------------------------------------------
+# The zoo: full architectures written out by hand (torchvision is not a dependency), so
+# they trace with ``torch.fx.symbolic_trace`` into ordinary torch-level graphs. Each
+# factory returns a randomly initialized model in eval mode; ``example_inputs(name)``
+# gives a batch-1 input for it. Activations are written out-of-place on purpose: turning
+# them in-place is the ``inplace`` pass's job.
+# --------------------------------------------------------------------------------------
+
+
+def _randomize_batchnorm(model: nn.Module) -> nn.Module:
+    """Random BN statistics and affine parameters, so BN is not an identity in eval mode."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    return model
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block; one ReLU module is called twice, as in torchvision."""
+
+    def __init__(self, inp: int, out: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inp, out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.downsample = None
+        if stride != 1 or inp != out:
+            self.downsample = nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False),
+                                            nn.BatchNorm2d(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 with torchvision's layout (stem, 4 stages of 2 basic blocks, fc)."""
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        widths, inp, stages = (64, 128, 256, 512), 64, []
+        for i, w in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(inp, w, stride), BasicBlock(w, w)))
+            inp = w
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _conv_bn_relu6(inp: int, out: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inp, out, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(out), nn.ReLU6())
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, inp: int, out: int, stride: int, expand: int):
+        super().__init__()
+        hidden = inp * expand
+        self.use_residual = stride == 1 and inp == out
+        layers = [] if expand == 1 else [_conv_bn_relu6(inp, hidden, 1)]
+        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden),
+                   nn.Conv2d(hidden, out, 1, bias=False), nn.BatchNorm2d(out)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_residual else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (width 1.0) with torchvision's inverted-residual settings."""
+
+    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        layers, inp = [_conv_bn_relu6(3, 32, stride=2)], 32
+        for t, c, n, s in self.SETTINGS:
+            for i in range(n):
+                layers.append(InvertedResidual(inp, c, s if i == 0 else 1, t))
+                inp = c
+        layers.append(_conv_bn_relu6(inp, 1280, 1))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class TransformerEncoderNet(nn.Module):
+    """A 4-layer ``nn.TransformerEncoder`` (post-norm, ReLU), spelled out so it traces.
+
+    ``symbolic_trace`` cannot trace ``nn.TransformerEncoder.forward`` (its fast-path
+    checks inspect tensor properties), and traced as a leaf it would be one opaque node.
+    This module owns a real ``nn.TransformerEncoder`` and writes out exactly the math of
+    its layers in eval mode, with ``nn.MultiheadAttention`` as a leaf; ``reference()``
+    runs the stock module for comparison.
+    """
+
+    def __init__(self, d_model: int = 256, heads: int = 4, ff: int = 1024, layers: int = 4):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, heads, ff, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.encoder.layers:
+            attn = layer.self_attn(x, x, x, need_weights=False)[0]
+            x = layer.norm1(x + layer.dropout1(attn))
+            ff = layer.linear2(layer.dropout(F.relu(layer.linear1(x))))
+            x = layer.norm2(x + layer.dropout2(ff))
+        return x
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+def _double_conv(inp: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inp, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(),
+                         nn.Conv2d(out, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """U-Net: 4 down and 4 up levels of double convs, skip connections joined by ``cat``."""
+
+    def __init__(self, in_channels: int = 3, classes: int = 2, base: int = 16):
+        super().__init__()
+        widths = [base * 2**i for i in range(5)]
+        self.downs = nn.ModuleList([_double_conv(in_channels, widths[0])] + [
+            _double_conv(widths[i], widths[i + 1]) for i in range(3)])
+        self.pool = nn.MaxPool2d(2)
+        self.bottleneck = _double_conv(widths[3], widths[4])
+        self.ups = nn.ModuleList([nn.ConvTranspose2d(widths[i + 1], widths[i], 2, 2) for i in reversed(range(4))])
+        self.up_convs = nn.ModuleList([_double_conv(2 * widths[i], widths[i]) for i in reversed(range(4))])
+        self.head = nn.Conv2d(widths[0], classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for down in self.downs:
+            x = down(x)
+            skips.append(x)
+            x = self.pool(x)
+        x = self.bottleneck(x)
+        for up, conv, skip in zip(self.ups, self.up_convs, reversed(skips)):
+            x = conv(torch.cat([skip, up(x)], dim=1))
+        return self.head(x)
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, inp: int, growth: int, bottleneck: int = 4):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(inp)
+        self.relu1 = nn.ReLU()
+        self.conv1 = nn.Conv2d(inp, bottleneck * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bottleneck * growth)
+        self.relu2 = nn.ReLU()
+        self.conv2 = nn.Conv2d(bottleneck * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(features, 1)
+        return self.conv2(self.relu2(self.norm2(self.conv1(self.relu1(self.norm1(x))))))
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC: dense blocks whose layers each read the ``cat`` of all earlier outputs."""
+
+    def __init__(self, blocks: tuple[int, ...] = (6, 6, 6), growth: int = 12, stem: int = 24,
+                 classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, stem, 3, padding=1, bias=False), nn.BatchNorm2d(stem), nn.ReLU())
+        self.blocks = nn.ModuleList()
+        self.transitions = nn.ModuleList()
+        channels = stem
+        for i, n in enumerate(blocks):
+            self.blocks.append(nn.ModuleList([DenseLayer(channels + j * growth, growth) for j in range(n)]))
+            channels += n * growth
+            if i < len(blocks) - 1:
+                self.transitions.append(nn.Sequential(
+                    nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, channels // 2, 1, bias=False),
+                    nn.AvgPool2d(2)))
+                channels //= 2
+        self.final = nn.Sequential(nn.BatchNorm2d(channels), nn.ReLU())
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for i, block in enumerate(self.blocks):
+            features = [x]
+            for layer in block:
+                features.append(layer(features))
+            x = torch.cat(features, 1)
+            if i < len(self.transitions):
+                x = self.transitions[i](x)
+        x = F.adaptive_avg_pool2d(self.final(x), 1)
+        return self.fc(torch.flatten(x, 1))
+
+
+def resnet18() -> nn.Module:
+    torch.manual_seed(0)
+    return _randomize_batchnorm(ResNet18()).eval()
+
+
+def mobilenet_v2() -> nn.Module:
+    torch.manual_seed(0)
+    return _randomize_batchnorm(MobileNetV2()).eval()
+
+
+def transformer_encoder() -> nn.Module:
+    torch.manual_seed(0)
+    return TransformerEncoderNet().eval()
+
+
+def unet() -> nn.Module:
+    torch.manual_seed(0)
+    return _randomize_batchnorm(UNet()).eval()
+
+
+def densenet() -> nn.Module:
+    torch.manual_seed(0)
+    return _randomize_batchnorm(DenseNet()).eval()
+
+
+#: the zoo: name -> factory of a random-init eval-mode model
+ZOO = {
+    "resnet18": resnet18,
+    "mobilenet_v2": mobilenet_v2,
+    "transformer_encoder": transformer_encoder,
+    "unet": unet,
+    "densenet": densenet,
+}
+
+_INPUT_SHAPES = {
+    "resnet18": (1, 3, 224, 224),
+    "mobilenet_v2": (1, 3, 224, 224),
+    "transformer_encoder": (1, 128, 256),
+    "unet": (1, 3, 128, 128),
+    "densenet": (1, 3, 64, 64),
+}
+
+
+def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """A random input of the shape the zoo model ``name`` expects (batch ``batch``)."""
+    if name not in _INPUT_SHAPES:
+        raise KeyError(f"unknown zoo model {name!r} (known: {', '.join(_INPUT_SHAPES)})")
+    shape = (batch, *_INPUT_SHAPES[name][1:])
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
