@@ -6,6 +6,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from fxopt.analysis.manager import AnalysisManager
@@ -39,3 +40,26 @@ class PassContext:
         """Record a warning in the report and emit it as a Python warning."""
         self.report.warnings.append(message)
         warnings.warn(message, stacklevel=3)
+
+
+def infer_training(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` is meant to be trained, when the caller does not say.
+
+    For torch-level graphs (symbolic_trace) the module's ``training`` flag is the user's
+    statement. ATen-level graphs (torch.export, make_fx) encode the mode in their ops
+    (``_native_batch_norm_legit_no_training``, ``dropout(train=False)``) while their
+    GraphModule's flag is left at its default, so they count as inference graphs; pass
+    ``training=True`` explicitly to protect an ATen graph that will be trained.
+    """
+    return gm.training and any(_is_torch_level(gm, n) for n in gm.graph.nodes)
+
+
+def _is_torch_level(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return True
+    if node.op == "call_function":
+        return not isinstance(node.target, torch._ops.OpOverload) and getattr(
+            node.target, "__module__", None) != "_operator"
+    if node.op == "call_module":  # export's `_guards_fn` and nested GraphModules do not count
+        return type(gm.get_submodule(node.target)).__module__.startswith("torch.nn.modules")
+    return False

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
-from fxopt.context import PassContext
+from fxopt.context import PassContext, infer_training
 from fxopt.errors import (
     FxoptError,
     InputError,
@@ -116,7 +116,7 @@ class PassManager:
         if self.verify and example_inputs is None:
             raise InputError("verify=True needs example_inputs to run the graph on")
         ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
-                          training=gm.training if training is None else training,
+                          training=infer_training(gm) if training is None else training,
                           settings=dict(settings or {}))
         if example_inputs is not None:
             check_example_inputs(gm, ctx)

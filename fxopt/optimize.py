@@ -32,6 +32,7 @@ def optimize(
     *,
     verify: bool = False,
     inplace: bool = False,
+    training: bool | None = None,
     instrument: bool = True,
     hooks: Iterable[Instrumentation] = (),
     rtol: float | None = None,
@@ -45,6 +46,9 @@ def optimize(
     the optimized GraphModule is a copy that shares parameter tensors with it (passes
     create new tensors rather than writing into shared ones).
 
+    ``training`` (default: inferred, see :func:`fxopt.context.infer_training`) makes
+    inference-only passes (folding, fusion, quantization) skip with a line in the report.
+
     The run's report is ``fxopt.report_of(result)`` (also ``result.meta['fxopt.report']``).
     With ``verify=True`` every pass is checked for graph lint and numerical equivalence
     on ``example_inputs``; the first pass that breaks it is named in the error and rolled
@@ -57,7 +61,7 @@ def optimize(
         DEFAULT_PIPELINE if passes is None else passes,
         verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol,
     )
-    manager.run(gm, example_inputs)
+    manager.run(gm, example_inputs, training=training)
     return gm
 
 
