@@ -74,3 +74,30 @@ class PassContractError(PassError, TypeError):
 
 class VerificationError(PassError):
     """A pass produced a graph that fails lint or is not numerically equivalent."""
+
+
+class EquivalenceError(FxoptError, AssertionError):
+    """Two graphs compute different functions (``fxopt.testing.assert_equivalent``).
+
+    ``mismatch`` says where the outputs differ (``out[1]['logits']: ...``) and
+    ``diverging_node`` names the first node of the rewritten graph whose value differs
+    from its counterpart in the original, when that could be found.
+    """
+
+    def __init__(self, message: str, mismatch: object = None, diverging_node: str | None = None):
+        self.mismatch = mismatch
+        self.diverging_node = diverging_node
+        super().__init__(message)
+
+
+class StructureMismatchError(EquivalenceError):
+    """The outputs differ in structure (types, lengths, dict keys, shapes or dtypes)."""
+
+
+class ReferenceFailureError(FxoptError, RuntimeError):
+    """The reference (the graph *before* the rewrite) could not be run or is unusable;
+    distinct from :class:`EquivalenceError`, because nothing was compared."""
+
+
+class NondeterministicReferenceError(ReferenceFailureError):
+    """The reference gave different results on two runs with the same inputs and seed."""

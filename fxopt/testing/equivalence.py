@@ -1,0 +1,278 @@
+"""``assert_equivalent``: does a rewritten graph compute what the original computes?
+
+The check runs the original (the *reference*) and the rewrite on clones of the same
+inputs under the same RNG seed and compares every output with per-dtype tolerances
+(:mod:`fxopt.numerics`), and also compares the inputs afterwards, since a rewrite that
+starts writing into an input changes the caller's data even when the outputs agree.
+
+Three refinements keep it both sensitive and free of false alarms:
+
+* the reference runs twice; if it disagrees with itself, comparing against it means
+  nothing and :class:`~fxopt.errors.NondeterministicReferenceError` is raised;
+* when outputs miss the tolerance, the original is re-run in float64 (parameters,
+  buffers, constants and inputs converted) and low-precision differences that are mere
+  rounding (the rewrite is as close to the float64 result as the original is) pass;
+* on failure both graphs are replayed node by node, nodes are paired through
+  provenance (:func:`fxopt.provenance.origins`), and the first node of the rewrite
+  whose value departs from its partner's is named in the error.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.utils._pytree import tree_map
+
+from fxopt.errors import (
+    EquivalenceError,
+    NondeterministicReferenceError,
+    ReferenceFailureError,
+    StructureMismatchError,
+)
+from fxopt.numerics import Mismatch, compare
+from fxopt.provenance import PROVENANCE_KEY, origins
+from fxopt.testing.inputs import random_inputs
+
+Model = nn.Module | Callable[..., Any]
+
+
+def assert_equivalent(
+    before: Model,
+    after: Model,
+    inputs: Sequence[Any] | None = None,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+    float64_reference: bool = True,
+    check_determinism: bool = True,
+    check_inputs: bool = True,
+    localize: bool = True,
+) -> None:
+    """Raise :class:`~fxopt.errors.EquivalenceError` unless ``after`` computes what
+    ``before`` computes on ``inputs``.
+
+    ``inputs`` defaults to fresh random inputs drawn from ``before``'s placeholders
+    (``meta['val']``; see :func:`fxopt.testing.inputs.random_inputs`). ``rtol`` and
+    ``atol`` override the per-dtype defaults of :data:`fxopt.numerics.DEFAULT_TOLERANCES`
+    (fp32 1e-4, fp16 1e-3, bf16 1e-2; integers exact). A ``before`` that raises, or
+    that disagrees with itself on a second run, raises
+    :class:`~fxopt.errors.ReferenceFailureError` instead: nothing was compared.
+    """
+    if inputs is None:
+        if not isinstance(before, fx.GraphModule):
+            raise TypeError("assert_equivalent needs inputs=(...) unless `before` is a GraphModule "
+                            "whose placeholders carry meta['val']")
+        inputs = random_inputs(before, seed=seed)
+    inputs = tuple(inputs)
+    expected, expected_inputs = _run_reference(before, inputs, seed)
+    if check_determinism:
+        again, _ = _run_reference(before, inputs, seed)
+        drift = compare(expected, again, rtol, atol)
+        if drift is not None:
+            raise NondeterministicReferenceError(
+                f"the reference gives different results on two runs with the same inputs and "
+                f"seed ({drift}); make it deterministic (seed random ops, avoid nondeterministic "
+                f"kernels) before comparing a rewrite against it")
+    try:
+        actual, actual_inputs = _run(after, inputs, seed)
+    except Exception as exc:
+        raise EquivalenceError(f"the rewritten graph raises {type(exc).__name__}: {exc}") from exc
+
+    mismatch = compare(expected, actual, rtol, atol)
+    if mismatch is not None and not mismatch.structural and float64_reference:
+        reference = _float64_reference(before, inputs, seed, expected)
+        if reference is not None:
+            mismatch = compare(expected, actual, rtol, atol, reference=reference)
+    if mismatch is None and check_inputs:
+        mismatch = compare(expected_inputs, actual_inputs, rtol, atol, path="input")
+        if mismatch is not None:
+            mismatch = Mismatch(_input_path(before, mismatch.path),
+                                f"the rewrite leaves this input different: {mismatch.message}",
+                                mismatch.structural)
+    if mismatch is None:
+        return
+    divergence = None
+    localize = localize and not mismatch.structural and not mismatch.path.startswith("input") \
+        and isinstance(before, fx.GraphModule) and isinstance(after, fx.GraphModule)
+    if localize:
+        divergence = first_divergence(before, after, inputs, rtol=rtol, atol=atol, seed=seed)
+    lines = [f"the rewritten graph is not equivalent to the original: {mismatch}"]
+    if divergence is not None:
+        lines.append(str(divergence))
+    elif localize:
+        lines.append("no node paired with the original (by provenance or name) diverges; "
+                     "the difference arises in nodes the rewrite created without provenance")
+    error = StructureMismatchError if mismatch.structural else EquivalenceError
+    raise error("\n".join(lines), mismatch=mismatch,
+                diverging_node=divergence.after_node if divergence else None)
+
+
+def _input_path(model: Model, path: str) -> str:
+    """``input[1]...`` -> ``input 'y'...`` when the model is a graph with named inputs."""
+    if isinstance(model, fx.GraphModule) and path.startswith("input["):
+        index, _, rest = path[len("input["):].partition("]")
+        names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
+        if index.isdigit() and int(index) < len(names):
+            return f"input {names[int(index)]!r}{rest}"
+    return path
+
+
+def _clone(value: Any) -> Any:
+    return tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
+
+
+def _run(model: Model, inputs: tuple[Any, ...], seed: int) -> tuple[Any, tuple[Any, ...]]:
+    """Outputs of ``model`` on clones of ``inputs``, and those clones afterwards."""
+    args = _clone(inputs)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        out = model(*args)
+    return _clone(out), args
+
+
+def _run_reference(model: Model, inputs: tuple[Any, ...], seed: int) -> tuple[Any, tuple[Any, ...]]:
+    try:
+        return _run(model, inputs, seed)
+    except Exception as exc:
+        raise ReferenceFailureError(
+            f"the reference (the graph before the rewrite) raises {type(exc).__name__}: {exc}; "
+            "nothing was compared: check the inputs and the original graph") from exc
+
+
+def _float64_reference(model: Model, inputs: tuple[Any, ...], seed: int, expected: Any) -> Any:
+    """``model``'s outputs computed in float64, or None where the model does not allow it
+    (it casts explicitly, mixes dtypes, or gives a differently shaped result)."""
+    low = [x for x in _tensors(inputs) + _tensors(model) if x.is_floating_point() and x.dtype != torch.float64]
+    if not low:
+        return None  # nothing to widen: the run would repeat the original
+    try:
+        wide = to_float64(model)
+        reference, _ = _run(wide, tree_map(_widen, inputs), seed)
+    except Exception:
+        return None
+    same_shapes = compare(
+        tree_map(lambda t: t.shape if isinstance(t, torch.Tensor) else None, expected),
+        tree_map(lambda t: t.shape if isinstance(t, torch.Tensor) else None, reference))
+    return reference if same_shapes is None else None
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, nn.Module):
+        found = [t for m in obj.modules() for t in (*m._parameters.values(), *m._buffers.values(),
+                                                    *vars(m).values()) if isinstance(t, torch.Tensor)]
+        return found
+    return [t for t in torch.utils._pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.detach().to(torch.float64)
+    return x
+
+
+def to_float64(model: Model) -> Model:
+    """A float64 copy of ``model``: parameters, buffers and plain tensor attributes."""
+    if not isinstance(model, nn.Module):
+        return model
+    wide = copy.deepcopy(model).to(torch.float64)
+    for module in wide.modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                setattr(module, key, value.to(torch.float64))
+    if isinstance(wide, fx.GraphModule):
+        wide.recompile()
+    return wide
+
+
+# --- localization ---------------------------------------------------------------------
+
+
+@dataclass
+class Divergence:
+    """The first node of the rewrite whose value departs from its original counterpart."""
+
+    after_node: str
+    before_node: str
+    mismatch: Mismatch
+    after_repr: str
+    before_repr: str
+    created_by: str | None = None
+
+    def __str__(self) -> str:
+        by = f" (created by pass {self.created_by!r})" if self.created_by else ""
+        return (f"first diverging node: {self.after_node!r}{by} in the rewrite, paired with "
+                f"{self.before_node!r} in the original: {self.mismatch.message}\n"
+                f"  rewrite:  {self.after_repr}\n  original: {self.before_repr}")
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a graph and keeps a copy of every node's value (copies: later in-place ops
+    must not change what was recorded)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, node: fx.Node) -> Any:
+        result = super().run_node(node)
+        if node.op != "output":
+            self.values[node.name] = _clone(result)
+        return result
+
+
+def _record(gm: fx.GraphModule, inputs: tuple[Any, ...], seed: int) -> dict[str, Any]:
+    recorder = _Recorder(gm)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            recorder.run(*_clone(inputs))
+    except Exception:
+        pass  # what was recorded up to the failure still localizes
+    return recorder.values
+
+
+def pair_nodes(before: fx.GraphModule, after: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """Map each node of ``after`` to the node of ``before`` whose value it should equal.
+
+    A node that a pass created stands for the *last* (in the original's order) of the
+    nodes it replaces: a fused conv+BN computes what the BN computed. A node with no
+    provenance pairs with the same-named original node if that computes the same op.
+    """
+    order = {n.name: (i, n) for i, n in enumerate(before.graph.nodes)}
+    pairs: dict[fx.Node, fx.Node] = {}
+    for node in after.graph.nodes:
+        if node.op == "output":
+            continue
+        found = sorted(order[name] for name in origins(node) if name in order)
+        if not found:
+            continue
+        partner = found[-1][1]
+        if PROVENANCE_KEY not in node.meta and (partner.op, partner.target) != (node.op, node.target):
+            continue  # a same-named but unrelated node
+        pairs[node] = partner
+    return pairs
+
+
+def first_divergence(before: fx.GraphModule, after: fx.GraphModule, inputs: Sequence[Any], *,
+                     rtol: float | None = None, atol: float | None = None,
+                     seed: int = 0) -> Divergence | None:
+    """The first node (in the rewrite's order) whose value differs from its partner's."""
+    inputs = tuple(inputs)
+    before_values = _record(before, inputs, seed)
+    after_values = _record(after, inputs, seed)
+    for node, partner in pair_nodes(before, after).items():
+        if node.name not in after_values or partner.name not in before_values:
+            continue
+        mismatch = compare(before_values[partner.name], after_values[node.name], rtol, atol,
+                           path=node.name)
+        if mismatch is not None:
+            return Divergence(node.name, partner.name, mismatch, node.format_node() or node.name,
+                              partner.format_node() or partner.name, node.meta.get("fxopt.created_by"))
+    return None
