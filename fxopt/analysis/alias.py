@@ -5,6 +5,12 @@ copy, ``getitem`` of ``split``/``chunk``, ``contiguous()`` of a contiguous tenso
 is decided by the FakeTensor run itself rather than by a table of view ops, so it is
 right for ops we have never heard of. Mutation facts come from
 :func:`fxopt.analysis.effects.mutated_inputs` (op schemas and torch-level spellings).
+
+Storages that outlive the graph run are *external*: those of graph inputs (``inputs``)
+and those of parameters, buffers and constants (``constants``), including the ones a
+``call_module`` node reaches only inside its module. The ``saved_for_backward``
+analysis says which nodes' storages autograd keeps for the backward pass, found by
+running the graph on fake tensors under ``saved_tensors_hooks``.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fxopt.analysis.effects import mutated_inputs
 from fxopt.analysis.manager import register_analysis
@@ -41,6 +48,10 @@ class AliasInfo:
     writes: dict[fx.Node, set[StorageWeakRef]] = field(default_factory=dict)
     #: storages that belong to graph inputs, parameters, buffers or constants
     external: set[StorageWeakRef] = field(default_factory=set)
+    #: storages of graph inputs (placeholders): the caller sees writes to them
+    inputs: set[StorageWeakRef] = field(default_factory=set)
+    #: storages of parameters, buffers and constants (get_attr and module internals)
+    constants: set[StorageWeakRef] = field(default_factory=set)
 
     def may_alias(self, a: fx.Node, b: fx.Node) -> bool:
         return bool(self.storages.get(a, set()) & self.storages.get(b, set()))
@@ -56,7 +67,7 @@ class AliasInfo:
 @register_analysis("alias")
 def alias_analysis(gm: fx.GraphModule, ctx: Any) -> AliasInfo:
     """Storage-level aliasing of every node; needs (and triggers) the shapes analysis."""
-    ctx.analysis("shapes")
+    mode = ctx.analysis("shapes")
     info = AliasInfo()
     for node in gm.graph.nodes:
         if node.op == "output":
@@ -65,8 +76,17 @@ def alias_analysis(gm: fx.GraphModule, ctx: Any) -> AliasInfo:
         info.storages[node] = found
         for s in found:
             info.nodes_of[s].append(node)
-        if node.op in ("placeholder", "get_attr"):
-            info.external |= found
+        if node.op == "placeholder":
+            info.inputs |= found
+        elif node.op == "get_attr":
+            info.constants |= found
+    # the fake run converted each parameter/buffer once (memoized), so converting again
+    # yields the very fake tensor the ops saw: a module output that is its own weight
+    # (or a view of it) shares that storage
+    if mode is not None:
+        for tensor in (*gm.parameters(), *gm.buffers()):
+            info.constants |= storages_of(mode.from_tensor(tensor, static_shapes=True))
+    info.external = info.inputs | info.constants
     for node in gm.graph.nodes:
         written = set()
         for target in mutated_inputs(node):
@@ -74,3 +94,58 @@ def alias_analysis(gm: fx.GraphModule, ctx: Any) -> AliasInfo:
         if written:
             info.writes[node] = written
     return info
+
+
+class _SavedTensorRecorder(fx.Interpreter):
+    """Runs a graph on fake tensors with grad on, noting which nodes' storages autograd saves."""
+
+    def __init__(self, gm: fx.GraphModule, mode: Any):
+        super().__init__(gm, garbage_collect_values=False)
+        self.mode = mode
+        self.owner: dict[StorageWeakRef, fx.Node] = {}
+        self.saved: dict[fx.Node, set[fx.Node]] = {}
+        self.current: fx.Node | None = None
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        node = self.owner.get(StorageWeakRef(tensor.untyped_storage()))
+        if node is not None and self.current is not None:
+            self.saved.setdefault(node, set()).add(self.current)
+        return tensor
+
+    def run_node(self, node: fx.Node) -> Any:
+        self.current = node
+        result = super().run_node(node)
+        if node.op in ("placeholder", "get_attr"):
+            result = tree_map(self._trainable, result)
+        for s in storages_of(result):
+            self.owner.setdefault(s, node)
+        return result
+
+    def _trainable(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
+            x = self.mode.from_tensor(x, static_shapes=True)
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.requires_grad:
+            x = x.detach().requires_grad_(True)
+        return x
+
+
+@register_analysis("saved_for_backward")
+def saved_for_backward(gm: fx.GraphModule, ctx: Any) -> dict[fx.Node, set[fx.Node]] | None:
+    """For each node whose storage autograd saves for backward (grad on), the nodes saving it.
+
+    Every floating-point input is made to require grad, so the answer covers any way the
+    graph may be differentiated. ``None`` means the fake run failed: callers must then
+    assume that anything may be saved.
+    """
+    mode = ctx.analysis("shapes")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    recorder = _SavedTensorRecorder(gm, mode)
+    inputs = [p.meta.get("val") for p in placeholders]
+    try:
+        with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+            recorder._pack, lambda t: t
+        ):
+            recorder.run(*inputs, enable_io_processing=False)
+    except Exception:
+        return None
+    return recorder.saved
