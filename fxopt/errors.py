@@ -101,3 +101,9 @@ class ReferenceFailureError(FxoptError, RuntimeError):
 
 class NondeterministicReferenceError(ReferenceFailureError):
     """The reference gave different results on two runs with the same inputs and seed."""
+
+
+class PatternError(FxoptError, ValueError):
+    """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
+    or a replacement whose signature does not fit the pattern. Raised when the rule is
+    created, never while matching."""

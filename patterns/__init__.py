@@ -1,0 +1,49 @@
+"""fxopt.patterns: rewrite rules written as plain Python functions.
+
+A *pattern* and its *replacement* are functions, traced once when the rule is created.
+A pattern written with any spelling of an op matches every spelling of it
+(:mod:`fxopt.patterns.canon`), at torch level and ATen level::
+
+    import fxopt.patterns as fp
+
+    def pattern(x, y):
+        return torch.relu(x + y)
+
+    def replacement(x, y):
+        return torch.ops.fxopt.add_relu(x, y)
+
+    fp.replace(gm, pattern, replacement)                  # one shot: number of rewrites
+    fp.register_rules("my_fusion", [fp.rule(pattern, replacement)], "what it does")
+    fxopt.optimize(gm, passes=["my_fusion"])              # or as a registered pass
+
+Constraints: ``fp.rule(pattern, replacement, x=fp.dtype_in(torch.half), where=...)``.
+Why something did not match: ``print(fp.explain(gm, pattern, "relu_3"))``.
+"""
+
+from fxopt.patterns.canon import Canon, ParamRef, canonicalize
+from fxopt.patterns.constraints import (
+    dtype_in,
+    equals,
+    is_tensor,
+    only_used_by_match,
+    rank,
+    single_use,
+)
+from fxopt.patterns.matcher import Match
+from fxopt.patterns.pattern import ANY
+from fxopt.patterns.rules import (
+    Rule,
+    RulePass,
+    apply_rules,
+    explain,
+    find_matches,
+    register_rules,
+    replace,
+    rule,
+)
+
+__all__ = [
+    "ANY", "Canon", "Match", "ParamRef", "Rule", "RulePass", "apply_rules", "canonicalize",
+    "dtype_in", "equals", "explain", "find_matches", "is_tensor", "only_used_by_match", "rank",
+    "register_rules", "replace", "rule", "single_use",
+]

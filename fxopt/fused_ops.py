@@ -1,0 +1,231 @@
+"""Fused inference ops that the stock rules rewrite into: ``torch.ops.fxopt.*``.
+
+Each is a ``torch.library`` custom op with three faces:
+
+- **eager, CUDA**: one kernel where one exists: cuDNN's fused conv+bias+ReLU
+  (``torch.cudnn_convolution_relu``) and conv+bias+add+ReLU
+  (``torch.cudnn_convolution_add_relu``), cuBLASLt's GEMM with a ReLU epilogue
+  (``torch._addmm_activation``), and a Triton kernel for add+ReLU;
+- **eager, elsewhere** (CPU, unsupported dtypes or layouts): the unfused computation done
+  in place on the first op's fresh result, which at least saves the intermediate tensor;
+- **compiled**: a fake (meta) implementation for shape propagation and a decomposition
+  in Inductor's table back to the plain ops, so Inductor sees through the fused op and
+  fuses its parts with their neighbours as it would have without fxopt. For convolutions
+  Inductor calls an external kernel anyway and cannot fuse into it, so
+  :func:`set_inductor_keeps_cudnn_fusions` lets the cuDNN fused kernel stay whole there.
+
+Importing this module registers the ops; :mod:`fxopt.patterns.stock` imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_KEEP_CUDNN_IN_INDUCTOR = False
+
+
+def set_inductor_keeps_cudnn_fusions(keep: bool) -> None:
+    """Whether Inductor keeps fused conv ops as one cuDNN call on CUDA (True) or
+    decomposes them into convolution + pointwise ops that it fuses itself (False)."""
+    global _KEEP_CUDNN_IN_INDUCTOR
+    _KEEP_CUDNN_IN_INDUCTOR = keep
+
+
+# --- reference computations: fake impls, decompositions, and the out-of-place truth -----
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
+          padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    return torch.convolution(x, weight, bias, list(stride), list(padding), list(dilation), False,
+                             [0] * len(stride), groups)
+
+
+def add_relu_reference(a: Tensor, b: Tensor) -> Tensor:
+    return torch.relu(torch.add(a, b))
+
+
+def conv_bias_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
+                             padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    return torch.relu(_conv(x, weight, bias, stride, padding, dilation, groups))
+
+
+def conv_bias_add_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor,
+                                 alpha: float, stride: Sequence[int], padding: Sequence[int],
+                                 dilation: Sequence[int], groups: int) -> Tensor:
+    return torch.relu(torch.add(_conv(x, weight, bias, stride, padding, dilation, groups), z, alpha=alpha))
+
+
+def linear_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.relu(F.linear(x, weight, bias))
+
+
+# --- the ops ------------------------------------------------------------------------------
+
+@torch.library.custom_op("fxopt::add_relu", mutates_args=())
+def add_relu(a: Tensor, b: Tensor) -> Tensor:
+    """relu(a + b), with the ReLU applied in place on the sum."""
+    return torch.add(a, b).relu_()
+
+
+@add_relu.register_kernel("cuda")
+def _add_relu_cuda(a: Tensor, b: Tensor) -> Tensor:
+    if _triton_applies(a, b):
+        return _triton_add_relu(a, b)
+    return torch.add(a, b).relu_()
+
+
+@torch.library.custom_op("fxopt::conv_bias_relu", mutates_args=())
+def conv_bias_relu(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
+                   padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    """relu(conv(x, weight, bias)), the ReLU in place on the convolution's output."""
+    return _conv(x, weight, bias, stride, padding, dilation, groups).relu_()
+
+
+@conv_bias_relu.register_kernel("cuda")
+def _conv_bias_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
+                         padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    if _cudnn_applies(x, weight, bias):
+        return torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+    return _conv(x, weight, bias, stride, padding, dilation, groups).relu_()
+
+
+@torch.library.custom_op("fxopt::conv_bias_add_relu", mutates_args=())
+def conv_bias_add_relu(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor, alpha: float,
+                       stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    """relu(conv(x, weight, bias) + alpha * z), add and ReLU in place on the conv output."""
+    return _conv_add_relu_inplace(x, weight, bias, z, alpha, stride, padding, dilation, groups)
+
+
+@conv_bias_add_relu.register_kernel("cuda")
+def _conv_bias_add_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor, alpha: float,
+                             stride: list[int], padding: list[int], dilation: list[int],
+                             groups: int) -> Tensor:
+    if _cudnn_applies(x, weight, bias, z):
+        out_shape = conv_bias_relu_fake_shape(x, weight, stride, padding, dilation)
+        if tuple(z.shape) == out_shape:
+            return torch.cudnn_convolution_add_relu(x, weight, z, alpha, bias, stride, padding,
+                                                    dilation, groups)
+    return _conv_add_relu_inplace(x, weight, bias, z, alpha, stride, padding, dilation, groups)
+
+
+def _conv_add_relu_inplace(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor, alpha: float,
+                           stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    out = _conv(x, weight, bias, stride, padding, dilation, groups)
+    if torch.broadcast_shapes(out.shape, z.shape) != out.shape or torch.result_type(out, z) != out.dtype:
+        return torch.add(out, z, alpha=alpha).relu_()
+    return out.add_(z, alpha=alpha).relu_()
+
+
+@torch.library.custom_op("fxopt::linear_relu", mutates_args=())
+def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """relu(linear(x, weight, bias)), the ReLU in place on the GEMM's output."""
+    return F.linear(x, weight, bias).relu_()
+
+
+@linear_relu.register_kernel("cuda")
+def _linear_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    if bias is not None and x.dim() >= 2 and x.dtype in _CUDNN_DTYPES and x.dtype == weight.dtype == bias.dtype:
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch._addmm_activation(bias, flat, weight.t())  # cuBLASLt GEMM + bias + ReLU epilogue
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias).relu_()
+
+
+def conv_bias_relu_fake_shape(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                              dilation: Sequence[int]) -> tuple[int, ...]:
+    spatial = [
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, d in zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)
+    ]
+    return (x.shape[0], weight.shape[0], *spatial)
+
+
+def _cudnn_applies(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None = None) -> bool:
+    """cuDNN's fused kernels: 2-d convolutions, one floating dtype throughout."""
+    tensors = [t for t in (x, weight, bias, z) if t is not None]
+    return (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled and x.dim() == 4
+            and x.dtype in _CUDNN_DTYPES and all(t.dtype == x.dtype and t.is_cuda for t in tensors))
+
+
+for _op, _reference in ((add_relu, add_relu_reference), (conv_bias_relu, conv_bias_relu_reference),
+                        (conv_bias_add_relu, conv_bias_add_relu_reference),
+                        (linear_relu, linear_relu_reference)):
+    _op.register_fake(_reference)
+
+
+# --- add+ReLU as one Triton kernel ----------------------------------------------------------
+
+def _triton_applies(a: Tensor, b: Tensor) -> bool:
+    """Same shape, dtype and dense layout: then both are walked as flat arrays."""
+    dense = a.is_contiguous() or a.is_contiguous(memory_format=torch.channels_last)
+    return (a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and dense
+            and a.dtype.is_floating_point and a.numel() > 0 and _triton_kernel() is not None)
+
+
+@functools.cache
+def _triton_kernel():  # noqa: ANN202 - a triton JITFunction, or None without triton
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def add_relu_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        start = tl.program_id(0).to(tl.int64) * BLOCK
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n
+        a = tl.load(a_ptr + offsets, mask=mask).to(tl.float32)
+        b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
+        out = tl.maximum(a + b, 0.0)
+        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return add_relu_kernel
+
+
+def _triton_add_relu(a: Tensor, b: Tensor) -> Tensor:
+    out = torch.empty_like(a)
+    n = a.numel()
+    block = 4096
+    _triton_kernel()[((n + block - 1) // block,)](a, b, out, n, BLOCK=block, num_warps=8)
+    return out
+
+
+# --- Inductor sees through the fused ops --------------------------------------------------
+
+def _register_inductor_decompositions() -> None:
+    try:
+        from torch._inductor.decomposition import register_decomposition
+    except ImportError:  # an Inductor-less build: nothing to teach
+        return
+
+    def keep_cudnn(x: Tensor, weight: Tensor, bias: Tensor | None, *rest: Tensor) -> bool:
+        return _KEEP_CUDNN_IN_INDUCTOR and x.is_cuda and _cudnn_applies(x, weight, bias, *rest)
+
+    @register_decomposition(torch.ops.fxopt.add_relu.default)
+    def _add_relu(a: Tensor, b: Tensor) -> Tensor:
+        return add_relu_reference(a, b)
+
+    @register_decomposition(torch.ops.fxopt.linear_relu.default)
+    def _linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return linear_relu_reference(x, weight, bias)
+
+    @register_decomposition(torch.ops.fxopt.conv_bias_relu.default)
+    def _conv_bias_relu(x, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+        if keep_cudnn(x, weight, bias):
+            return NotImplemented
+        return conv_bias_relu_reference(x, weight, bias, stride, padding, dilation, groups)
+
+    @register_decomposition(torch.ops.fxopt.conv_bias_add_relu.default)
+    def _conv_bias_add_relu(x, weight, bias, z, alpha, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+        if keep_cudnn(x, weight, bias, z):
+            return NotImplemented
+        return conv_bias_add_relu_reference(x, weight, bias, z, alpha, stride, padding, dilation, groups)
+
+
+_register_inductor_decompositions()

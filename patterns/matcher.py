@@ -1,0 +1,287 @@
+"""Matching a compiled pattern at one anchor node, and the soundness checks of a match.
+
+Matching walks the pattern backwards from its last output over canonical forms
+(:mod:`fxopt.patterns.canon`), so it costs the pattern's size per candidate anchor, not
+the graph's. Commutative ops try both operand orders (the given order first, so
+overlaps resolve the same way every run). A structural match is then checked:
+
+- interior nodes (matched, not returned by the pattern) have no users outside the match,
+  so the rewrite can remove them;
+- an in-place spelling is accepted only where its write is invisible: it writes into an
+  interior node, or into a fresh tensor used by nothing else;
+- no in-place write outside the match falls between the matched nodes (the replacement
+  reads its inputs at the anchor, later than the original did);
+- extra outputs have no users before the anchor (the replacement is inserted at the
+  anchor; nodes are never reordered, so a rewrite can never create a cycle);
+- the rule's constraints hold.
+
+Every failure is phrased for :func:`fxopt.patterns.explain`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
+from fxopt.patterns.pattern import ANY, CompiledPattern
+
+from fxopt.analysis.alias import storages_of
+
+if TYPE_CHECKING:
+    from fxopt.patterns.rules import Rule
+
+State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
+
+#: canonical ops that always return a new tensor (never a view of an input)
+FRESH_OPS = frozenset({"relu", "hardtanh", "add", "sub", "mul", "convolution", "batch_norm",
+                       "linear", "add_relu", "conv_bias_relu", "conv_bias_add_relu", "linear_relu"})
+
+
+@dataclass
+class Match:
+    """One occurrence of a rule's pattern: matched nodes and argument bindings.
+
+    Constraints receive it: ``m["x"]`` is what argument ``x`` bound to (a node, a
+    :class:`~fxopt.patterns.canon.ParamRef` or a literal), ``m.value("x")`` its tensor
+    (``meta['val']`` for nodes, the tensor itself for parameters) or literal,
+    ``m.node("x")`` the node, ``m.nodes`` pattern node -> graph node.
+    """
+
+    gm: fx.GraphModule
+    pattern: CompiledPattern
+    nodes: dict[fx.Node, fx.Node]
+    bindings: dict[str, Any]
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.nodes[self.pattern.anchor]
+
+    @property
+    def outputs(self) -> list[fx.Node]:
+        return [self.nodes[o] for o in self.pattern.outputs]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.bindings[name]
+
+    def node(self, name: str) -> fx.Node | None:
+        value = self.bindings[name]
+        return value if isinstance(value, fx.Node) else None
+
+    def value(self, name: str) -> Any:
+        """The bound tensor (fake for graph nodes, real for module parameters) or literal;
+        a node without ``meta['val']`` is returned as the node itself."""
+        return value_of(self.gm, self.bindings[name])
+
+
+def value_of(gm: fx.GraphModule, bound: Any) -> Any:
+    if isinstance(bound, ParamRef):
+        return gm.get_parameter(bound.target) if _is_param(gm, bound.target) else gm.get_buffer(bound.target)
+    if isinstance(bound, fx.Node):
+        return bound.meta.get("val", bound)
+    return bound
+
+
+def _is_param(gm: fx.GraphModule, target: str) -> bool:
+    module, _, attr = target.rpartition(".")
+    return attr in gm.get_submodule(module)._parameters
+
+
+def _literal_eq(p: Any, t: Any) -> bool:
+    if isinstance(t, (fx.Node, ParamRef)):
+        return False
+    if isinstance(p, (list, tuple)) and isinstance(t, (list, tuple)):
+        return len(p) == len(t) and all(_literal_eq(a, b) for a, b in zip(p, t))
+    if isinstance(p, bool) != isinstance(t, bool):
+        return False
+    try:
+        return bool(type(p) is type(t) or isinstance(p, (int, float)) and isinstance(t, (int, float))) and p == t
+    except Exception:
+        return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (fx.Node, ParamRef)) or isinstance(b, (fx.Node, ParamRef)):
+        return a == b if isinstance(a, ParamRef) and isinstance(b, ParamRef) else a is b
+    return _literal_eq(a, b)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, fx.Node):
+        return f"node {value.name!r}"
+    if isinstance(value, ParamRef):
+        return f"module attribute {value.target!r}"
+    return f"literal {value!r}"
+
+
+@dataclass
+class Failure:
+    """Why a candidate did not match: the deepest point the matcher reached."""
+
+    depth: int = -1
+    reason: str = ""
+
+    def note(self, depth: int, reason: str) -> None:
+        if depth > self.depth:
+            self.depth, self.reason = depth, reason
+
+
+@dataclass
+class StructuralMatcher:
+    """Backtracking matcher over canonical forms, with a per-sweep canonical-form cache."""
+
+    pattern: CompiledPattern
+    cache: dict[fx.Node, Canon | None]
+    failure: Failure = field(default_factory=Failure)
+
+    def canon(self, node: fx.Node) -> Canon | None:
+        try:
+            return self.cache[node]
+        except KeyError:
+            form = self.cache[node] = canonicalize(node)
+            return form
+
+    def match(self, anchor: fx.Node) -> State | None:
+        self.failure = Failure()
+        return next(self._node(self.pattern.anchor, anchor, ({}, {})), None)
+
+    def _node(self, p: fx.Node, g: Any, state: State) -> Iterator[State]:
+        nodes, binds = state
+        if p.op == "placeholder":
+            name = p.target
+            if name in binds and not _same(binds[name], g):
+                self.failure.note(len(nodes), f"argument {name!r} is bound to {_describe(binds[name])} "
+                                              f"but here it would be {_describe(g)}")
+                return
+            yield nodes, {**binds, name: g}
+            return
+        want = self.pattern.canon[p]
+        if not isinstance(g, fx.Node):
+            self.failure.note(len(nodes), f"pattern node {p.name!r} ({want.op}) met {_describe(g)}")
+            return
+        if p in nodes:
+            if nodes[p] is g:
+                yield state
+            else:
+                self.failure.note(len(nodes), f"pattern node {p.name!r} is already {nodes[p].name!r}, not {g.name!r}")
+            return
+        if any(v is g for v in nodes.values()):
+            self.failure.note(len(nodes), f"node {g.name!r} is already matched to another pattern node")
+            return
+        have = self.canon(g)
+        if have is None or have.op != want.op:
+            self.failure.note(len(nodes), f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
+                                          f"`{have.op if have else g.op + ' ' + str(g.target)}`")
+            return
+        if len(have.args) != len(want.args):
+            self.failure.note(len(nodes), f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
+            return
+        nodes = {**nodes, p: g}
+        orders = [have.args]
+        if want.op in COMMUTATIVE and len(have.args) >= 2:
+            orders.append((have.args[1], have.args[0], *have.args[2:]))
+        for args in orders:
+            yield from self._args(want.args, args, 0, (nodes, binds), g)
+
+    def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
+        if i == len(want):
+            yield state
+            return
+        for next_state in self._arg(want[i], have[i], state, g, i):
+            yield from self._args(want, have, i + 1, next_state, g)
+
+    def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterator[State]:
+        if isinstance(p, fx.Node):
+            yield from self._node(p, t, state)
+        elif p is ANY:
+            yield state
+        elif isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
+            if isinstance(t, (list, tuple)) and len(t) == len(p):
+                yield from self._args(tuple(p), tuple(t), 0, state, g)
+            else:
+                self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: expected a list of {len(p)}, got {t!r}")
+        elif _literal_eq(p, t):
+            yield state
+        else:
+            self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: pattern literal {p!r} "
+                                             f"does not match {_describe(t)}")
+
+
+# --- soundness ------------------------------------------------------------------------
+
+def _is_fresh(node: fx.Node, canon: Canon | None) -> bool:
+    """Whether ``node`` holds a tensor no other value aliases (it was computed, not viewed)."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        mine = storages_of(val)
+        return not any(mine & storages_of(i.meta.get("val")) for i in node.all_input_nodes)
+    return canon is not None and canon.op in FRESH_OPS and not canon.inplace
+
+
+@dataclass
+class SweepState:
+    """Facts about the graph computed once per sweep: node positions and where in-place
+    writes happen (positions of new nodes are fractions below their anchor's)."""
+
+    positions: dict[fx.Node, float]
+    writers: list[float] | None = None
+
+    def writer_positions(self, gm: fx.GraphModule) -> list[float]:
+        if self.writers is None:
+            from fxopt.analysis.effects import mutated_inputs
+
+            self.writers = sorted(self.positions[n] for n in gm.graph.nodes
+                                  if n.op in ("call_function", "call_method", "call_module")
+                                  and n in self.positions and mutated_inputs(n))
+        return self.writers
+
+
+def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
+    """The reason ``m`` must not be rewritten, or None if it is sound."""
+    matched = set(m.nodes.values())
+    outputs = set(m.outputs)
+    for g in list(matched):
+        canon = matcher.canon(g)
+        for extra in canon.interior:
+            live = [u for u in extra.users if u is not g and u.users]
+            if live:
+                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live[0].name!r}"
+            matched.add(extra)
+    for p, g in m.nodes.items():
+        if g in outputs:
+            continue
+        outside = [u for u in g.users if u not in matched]
+        if outside:
+            return (f"node {g.name!r} (pattern {p.name!r}) is also used by {outside[0].name!r} outside the "
+                    "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+    for g in m.nodes.values():
+        canon = matcher.canon(g)
+        if not canon.inplace:
+            continue
+        written = canon.args[0]
+        if written in matched and written not in outputs:
+            continue
+        if isinstance(written, fx.Node) and len(written.users) == 1 and _is_fresh(written, matcher.canon(written)):
+            continue
+        return (f"node {g.name!r} writes in place into {_describe(written)}, which is visible outside the "
+                "match; replacing it with an out-of-place computation would change the program")
+    anchor_pos = sweep.positions[m.anchor]
+    first = min(sweep.positions[g] for g in m.nodes.values())
+    writers = sweep.writer_positions(m.gm)
+    lo, hi = bisect.bisect_right(writers, first), bisect.bisect_left(writers, anchor_pos)
+    if hi > lo:
+        inside = {sweep.positions[g] for g in m.nodes.values()}
+        if any(w not in inside for w in writers[lo:hi]):
+            return "an in-place write outside the match happens between the matched nodes"
+    for out in outputs - {m.anchor}:
+        early = [u for u in out.users if u not in matched and sweep.positions.get(u, anchor_pos + 1) < anchor_pos]
+        if early:
+            return (f"output {out.name!r} is used by {early[0].name!r} before the anchor {m.anchor.name!r}; "
+                    "fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
+    return rule.check_constraints(m)
