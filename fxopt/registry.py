@@ -18,6 +18,7 @@ from fxopt.pass_protocol import Pass
 #: modules whose import registers the stock passes (each calls ``register_pass``)
 BUILTIN_PASS_MODULES: tuple[str, ...] = (
     "fxopt.passes.cleanup",
+    "fxopt.patterns.stock",
 )
 
 _REGISTRY: dict[str, type[Pass]] = {}
