@@ -29,11 +29,21 @@ from fxopt.report import PassRecord, Report
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # fxopt.compile lives in fxopt.backend, which imports Inductor (seconds): load it on use
+    if name == "compile":
+        from fxopt.backend import compile
+
+        return compile
+    raise AttributeError(f"module 'fxopt' has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
     "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
     "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
-    "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
+    "compile", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
     "register_pass", "registered_passes", "report_of",
 ]

@@ -1,0 +1,500 @@
+"""The torch.compile hand-off: the ``fxopt`` Dynamo backend and Inductor custom passes.
+
+``torch.compile(model, backend="fxopt", options={...})`` (or :func:`compile`) runs fxopt
+passes over every graph Dynamo captures, then hands the result to Inductor's
+``compile_fx``. Two levels, as DESIGN.md describes:
+
+* **torch level** (``passes``): the Dynamo graph itself, before AOTAutograd. This is where
+  conv-BN folding and quantization see ``torch.conv2d`` / ``F.batch_norm`` calls.
+* **ATen level** (``post_grad_pre_passes`` and friends): fxopt pipelines installed as
+  Inductor custom passes (:class:`InductorPass`, a ``CustomGraphPass`` with a stable
+  ``uuid()``), so the FX graph cache and the AOTAutograd cache keep working.
+
+Freezing. Dynamo lifts parameters and buffers into graph *inputs*
+(``inline_inbuilt_nn_modules``), so a pass would never see constant weights. For
+inference graphs (``torch.is_grad_enabled()`` is false, or no input requires grad) the
+backend does what Inductor's freezing does one level down: every parameter/buffer
+placeholder that the graph never writes to becomes a ``get_attr`` of a buffer holding
+that same tensor, and the compiled function drops those arguments. Inductor's own
+``freezing`` is switched on for the same graphs, so the (possibly rewritten) weights end
+up as Inductor constants. Like Inductor's freezing, the compiled graph keeps the weight
+values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
+Training graphs are never frozen and inference-only passes are skipped on them, with a
+line in the report.
+
+Failure policy. Unknown options raise :class:`~fxopt.errors.PassOptionError` naming them.
+A pass that fails on a graph does not break the user's ``torch.compile``: that graph is
+compiled by plain Inductor and a warning names the pass; ``strict=True`` raises instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fxopt.analysis.alias import storages_of
+from fxopt.analysis.effects import mutated_inputs
+from fxopt.errors import FxoptError, PassError, PassOptionError
+from fxopt.manager import PassManager, VerifyEach
+from fxopt.optimize import DEFAULT_PIPELINE
+from fxopt.pass_protocol import FunctionPass, Pass
+from fxopt.pipeline import Composite, Conditional, PassLike
+from fxopt.report import PassRecord, Report
+from fxopt.snapshot import GraphSnapshot
+
+try:  # torch >= 2.6; the import path has been stable since
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # pragma: no cover - older torch has no cache-safe custom passes
+    CustomGraphPass = object  # type: ignore[assignment,misc]
+
+__all__ = ["BackendOptions", "CompiledGraph", "InductorPass", "compile", "fxopt_backend"]
+
+#: Inductor config entries the ATen-level pipelines are installed into, by option name
+INDUCTOR_HOOKS: dict[str, str] = {
+    "post_grad_pre_passes": "post_grad_custom_pre_pass",
+    "post_grad_post_passes": "post_grad_custom_post_pass",
+    "joint_pre_passes": "joint_custom_pre_pass",
+    "joint_post_passes": "joint_custom_post_pass",
+}
+
+_BACKEND = "fxopt backend"
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The options of the ``fxopt`` backend (``options={...}`` of ``torch.compile``)."""
+
+    #: torch-level pipeline run on each Dynamo graph (default: fxopt.DEFAULT_PIPELINE)
+    passes: Any = None
+    #: ATen-level pipelines run inside Inductor (see INDUCTOR_HOOKS)
+    post_grad_pre_passes: Any = None
+    post_grad_post_passes: Any = None
+    joint_pre_passes: Any = None
+    joint_post_passes: Any = None
+    #: turn parameters/buffers into constants on inference graphs (and use Inductor freezing)
+    freeze: bool = True
+    #: raise instead of falling back to plain Inductor when a pass fails
+    strict: bool = False
+    #: check every changing torch-level pass numerically on the graph's example inputs
+    verify: bool = False
+    #: a list that receives one CompiledGraph per graph the backend compiles
+    reports: list | None = None
+    #: Inductor config patches, as torch.compile's ``options`` would give them to Inductor
+    inductor: Mapping[str, Any] = field(default_factory=dict)
+    #: a torch.compile mode ("max-autotune", ...), translated to Inductor options
+    mode: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
+        """Validate ``options`` (unknown keys, types, pipelines) before anything compiles."""
+        options = dict(options or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise PassOptionError(_BACKEND, ", ".join(unknown),
+                                  f"unknown option(s) {unknown}; known options: {', '.join(known)}")
+        if mode is not None:
+            options.setdefault("mode", mode)
+        for key in ("freeze", "strict", "verify"):
+            if key in options and not isinstance(options[key], bool):
+                raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
+        if options.get("reports") is not None and not isinstance(options["reports"], list):
+            raise PassOptionError(_BACKEND, "reports", "expected a list to append reports to")
+        inductor = options.get("inductor") or {}
+        if not isinstance(inductor, Mapping):
+            raise PassOptionError(_BACKEND, "inductor", f"expected a dict of Inductor options, got {inductor!r}")
+        bad = sorted(k for k in inductor if k not in torch._inductor.config._config)
+        if bad:
+            raise PassOptionError(_BACKEND, "inductor", f"unknown Inductor option(s) {bad}")
+        if options.get("mode") not in (None, "default"):
+            torch._inductor.list_mode_options(options["mode"])  # raises on unknown modes
+        parsed = cls(**options)
+        for key in ("passes", *INDUCTOR_HOOKS):
+            pipeline = parsed.pipeline(key)
+            if pipeline is not None:
+                PassManager(pipeline)  # names, options and ordering are checked here
+        missing = [k for k in INDUCTOR_HOOKS if options.get(k) and not hasattr(torch._inductor.config, INDUCTOR_HOOKS[k])]
+        if missing:
+            raise PassOptionError(_BACKEND, missing[0], f"this torch ({torch.__version__}) has no "
+                                  f"Inductor hook {INDUCTOR_HOOKS[missing[0]]!r}")
+        return parsed
+
+    def pipeline(self, key: str) -> PassLike | None:
+        value = getattr(self, key)
+        if key == "passes" and value is None:
+            return list(DEFAULT_PIPELINE)
+        return value or None
+
+    def inductor_patches(self, *, frozen: bool, training: bool,
+                         sink: list[tuple[str, Report]] | None = None) -> dict[str, Any]:
+        patches: dict[str, Any] = {}
+        if self.mode not in (None, "default"):
+            patches.update(torch._inductor.list_mode_options(self.mode))
+        if frozen:
+            patches["freezing"] = True
+        for key, config_name in INDUCTOR_HOOKS.items():
+            pipeline = self.pipeline(key)
+            if pipeline is not None:
+                patches[config_name] = InductorPass(pipeline, hook=config_name, training=training,
+                                                    strict=self.strict, reports=sink)
+        patches.update(self.inductor)
+        return patches
+
+
+@dataclass
+class CompiledGraph:
+    """What the backend did with one Dynamo graph."""
+
+    name: str
+    training: bool
+    #: names of the placeholders turned into constants
+    frozen: list[str]
+    #: the torch-level report (None when the graph fell back before passes ran)
+    report: Report | None
+    #: why this graph was compiled by plain Inductor, or None
+    fallback: str | None = None
+    #: (Inductor hook, report) of every ATen-level pipeline run for this graph
+    aten_reports: list[tuple[str, Report]] = field(default_factory=list)
+
+
+# --- the backend ---------------------------------------------------------------------
+
+def fxopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                  options: Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
+    """The Dynamo backend registered as ``"fxopt"``: fxopt passes, then Inductor."""
+    return _compile_graph(gm, list(example_inputs), BackendOptions.parse(options, mode))
+
+
+def compile(model: Callable, passes: PassLike | Iterable[PassLike] | None = None, *,
+            options: Mapping[str, Any] | None = None, **torch_compile_kwargs: Any) -> Callable:
+    """``torch.compile(model, backend="fxopt")`` with ``passes`` as the torch-level pipeline.
+
+    ``options`` takes the other backend options (see :class:`BackendOptions`);
+    ``torch_compile_kwargs`` go to ``torch.compile`` (``dynamic``, ``fullgraph``, ``mode``).
+    Options are validated here, so mistakes raise at once rather than at the first call.
+    """
+    opts = dict(options or {})
+    if passes is not None:
+        if "passes" in opts:
+            raise PassOptionError(_BACKEND, "passes", "given both as an argument and in options")
+        opts["passes"] = passes
+    mode = torch_compile_kwargs.pop("mode", None)
+    BackendOptions.parse(opts, mode)
+    if mode is not None:
+        opts["mode"] = mode
+    return torch.compile(model, backend=fxopt_backend, options=opts, **torch_compile_kwargs)
+
+
+def is_training(example_inputs: Sequence[Any]) -> bool:
+    """A graph is trained when autograd is on and some input requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions) -> Callable:
+    from torch._inductor.compile_fx import compile_fx
+
+    training = is_training(example_inputs)
+    name = str(gm.meta.get("dynamo_compile_id", type(gm).__name__))
+    try:
+        work, keep, freeze_record = _frozen_copy(
+            gm, example_inputs, None if opts.freeze and not training else
+            "training graph: parameters stay inputs" if training else "freeze=False")
+        hooks = [VerifyEach(work, [example_inputs[i] for i in keep])] if opts.verify else []
+        report = PassManager(opts.pipeline("passes"), hooks=hooks).run(
+            work, training=training, settings={"backend": "fxopt", "level": "torch"})
+        report.records.insert(0, freeze_record)
+        _sync_dynamo_metadata(work)
+    except Exception as exc:
+        if opts.strict:
+            raise
+        return _fallback(gm, example_inputs, opts, training, name, exc)
+    frozen = freeze_record.stats.get("frozen", [])
+    record = CompiledGraph(name, training, frozen, report)
+    if opts.reports is not None:
+        opts.reports.append(record)
+    patches = opts.inductor_patches(frozen=bool(frozen), training=training, sink=record.aten_reports)
+    try:
+        compiled = compile_fx(work, [example_inputs[i] for i in keep], config_patches=patches)
+    except Exception as exc:
+        if opts.strict:
+            raise
+        changed = [r.name for _, r in report.walk() if r.changed and not r.children]
+        reason = f"Inductor failed on the rewritten graph (passes that changed it: {changed}): " \
+                 f"{type(exc).__name__}: {exc}"
+        record.fallback = reason
+        _warn(name, reason)
+        return _plain_inductor(gm, example_inputs, opts, training)
+    return _dropping_frozen_args(compiled, keep, len(example_inputs))
+
+
+def _fallback(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, training: bool,
+              name: str, exc: Exception) -> Callable:
+    culprit = f"pass {exc.pass_name!r}" if isinstance(exc, PassError) else "fxopt"
+    reason = f"{culprit} failed: {exc}" if isinstance(exc, FxoptError) else \
+        f"{culprit} failed: {type(exc).__name__}: {exc}"
+    _warn(name, reason)
+    if opts.reports is not None:
+        opts.reports.append(CompiledGraph(name, training, [], None, fallback=reason))
+    return _plain_inductor(gm, example_inputs, opts, training)
+
+
+def _plain_inductor(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions,
+                    training: bool) -> Callable:
+    """Inductor as torch.compile would run it: the user's Inductor options, no fxopt hooks."""
+    from torch._inductor.compile_fx import compile_fx
+
+    plain = BackendOptions(inductor=opts.inductor, mode=opts.mode)
+    return compile_fx(gm, example_inputs, config_patches=plain.inductor_patches(frozen=False, training=training))
+
+
+def _warn(graph_name: str, reason: str) -> None:
+    warnings.warn(f"fxopt backend: {reason}; graph {graph_name} is compiled by plain Inductor "
+                  "(pass strict=True to raise instead)", RuntimeWarning, stacklevel=2)
+
+
+def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Callable:
+    """Dynamo still passes the frozen parameters; the compiled graph no longer takes them."""
+    if len(keep) == total:
+        return compiled
+
+    def call_without_frozen(*args: Any) -> Any:
+        return compiled(*[args[i] for i in keep])
+
+    return call_without_frozen
+
+
+# --- freezing ------------------------------------------------------------------------
+
+def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str | None
+                 ) -> tuple[fx.GraphModule, list[int], PassRecord]:
+    """A copy of ``gm`` whose unwritten parameter/buffer inputs are constants (unless
+    ``skip_reason`` says why not).
+
+    Returns the copy, the indices of the inputs it still takes, and a report record. The
+    copy shares tensors with the user's model (the constants are those very tensors,
+    detached), and ``gm`` itself is untouched so that a failure can fall back to it.
+    """
+    graph = copy.deepcopy(gm.graph)
+    work = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    work.meta = dict(gm.meta)
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"), placeholders):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
+    for node in placeholders:
+        if "val" not in node.meta and "example_value" in node.meta:
+            node.meta["val"] = node.meta["example_value"]
+    record = PassRecord("freeze_parameters", nodes_before=len(graph.nodes))
+    start = time.perf_counter()
+    keep = list(range(len(example_inputs)))
+    if skip_reason is not None:
+        record.skipped = skip_reason
+        record.nodes_after = record.nodes_before
+        return work, keep, record
+    written = _written_storages(graph)
+    frozen: list[str] = []
+    if written is None:
+        record.warnings.append("a written tensor has no fake value: nothing frozen")
+    else:
+        anchor = placeholders[-1] if placeholders else None
+        for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
+            if not _is_weight(node, value) or storages_of(_fake(node)) & written:
+                continue
+            attr = _fresh_name(work, f"_frozen_{node.name}")
+            work.register_buffer(attr, value.detach())
+            with graph.inserting_after(anchor):
+                getter = graph.get_attr(attr)
+            getter.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
+            node.replace_all_uses_with(getter)
+            graph.erase_node(node)
+            keep.remove(index)
+            frozen.append(node.name)
+    work.recompile()
+    record.changed = bool(frozen)
+    record.stats = {"frozen": frozen, "inputs_kept": len(keep)}
+    record.nodes_after = len(graph.nodes)
+    record.seconds = time.perf_counter() - start
+    return work, keep, record
+
+
+def _is_weight(node: fx.Node, value: Any) -> bool:
+    """A parameter or buffer of a module (never a user input marked static for cudagraphs)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    source = getattr(node, "_dynamo_source", None)
+    try:
+        from torch._dynamo.source import is_from_unspecialized_param_buffer_source
+    except ImportError:  # pragma: no cover
+        return False
+    return source is not None and is_from_unspecialized_param_buffer_source(source)
+
+
+def _fake(node: fx.Node) -> Any:
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+#: torch-level norms that update running statistics (args positions) unless training is False
+_RUNNING_STATS = {
+    F.batch_norm: ((1, 2), 5, "training"),
+    torch.batch_norm: ((3, 4), 5, "training"),
+    F.instance_norm: ((1, 2), 5, "use_input_stats"),
+}
+
+
+def _written_storages(graph: fx.Graph) -> set | None:
+    """Storages any node writes in place (None if some written value is unknown)."""
+    written: set = set()
+    for node in graph.nodes:
+        targets = list(mutated_inputs(node))
+        spec = _RUNNING_STATS.get(node.target) if node.op == "call_function" else None
+        if spec is not None:
+            positions, flag_pos, flag = spec
+            updating = node.kwargs.get(flag, node.args[flag_pos] if len(node.args) > flag_pos else True)
+            if updating is not False:
+                targets += [node.args[i] for i in positions if i < len(node.args) and isinstance(node.args[i], fx.Node)]
+        for target in targets:
+            value = _fake(target)
+            if value is None:
+                return None
+            written |= storages_of(value)
+    return written
+
+
+def _fresh_name(gm: fx.GraphModule, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _sync_dynamo_metadata(gm: fx.GraphModule) -> None:
+    """Keep AOTAutograd's view of Dynamo metadata consistent with the rewritten graph.
+
+    ``_param_name_to_source`` must name every parameter/buffer AOTAutograd lifts; the
+    frozen constants and the tensors passes create have no Dynamo source, so without it
+    AOTAutograd treats registered tensors as static inputs (as it does for export).
+    """
+    sources = getattr(gm, "_param_name_to_source", None)
+    if sources is None:
+        return
+    names = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
+    names += [n for n, _ in gm.named_buffers(remove_duplicate=False)]
+    if any(n not in sources for n in names):
+        del gm._param_name_to_source
+
+
+# --- ATen-level passes inside Inductor -----------------------------------------------
+
+class InductorPass(CustomGraphPass):
+    """An fxopt pipeline as an Inductor custom graph pass, with a stable ``uuid()``.
+
+    The uuid hashes what decides the pass's behaviour: the pipeline (names, options,
+    nesting), the source files of every pass and predicate in it, fxopt's own core
+    sources, the training flag and strictness. Equal pipelines give equal uuids across
+    processes, so Inductor's FX graph cache and the AOTAutograd cache hit; a pipeline whose
+    code cannot be found (a lambda typed at a prompt) gets ``None``, which makes Inductor
+    skip its caches rather than reuse a stale entry.
+    """
+
+    def __init__(self, passes: PassLike | Iterable[PassLike], *, hook: str = "post_grad_custom_pre_pass",
+                 training: bool = False, strict: bool = False,
+                 reports: list[tuple[str, Report]] | None = None):
+        self.manager = PassManager(passes)
+        self.hook, self.training, self.strict = hook, training, strict
+        self.reports = reports
+        self._uuid = _pipeline_uuid(self.manager.passes, (hook, training, strict))
+
+    def uuid(self) -> str | None:
+        return self._uuid
+
+    def __call__(self, graph: fx.Graph) -> None:
+        gm = graph.owning_module
+        snapshot = GraphSnapshot.take(graph)
+        try:
+            report = self.manager.run(gm, training=self.training,
+                                      settings={"backend": "fxopt", "level": "aten", "hook": self.hook})
+        except FxoptError as exc:
+            if self.strict:
+                raise
+            _restore_in_place(graph, snapshot)
+            gm.graph = graph
+            gm.recompile()
+            culprit = f"pass {exc.pass_name!r}" if isinstance(exc, PassError) else "fxopt"
+            _warn(f"({self.hook})", f"{culprit} failed inside Inductor's {self.hook}: {exc}")
+            return
+        if self.reports is not None:
+            self.reports.append((self.hook, report))
+
+
+def _restore_in_place(graph: fx.Graph, snapshot: GraphSnapshot) -> None:
+    """Put ``graph`` (the very object Inductor holds on to) back to ``snapshot``."""
+    rebuilt = snapshot.build()
+    placeholders = {n.name: n for n in graph.find_nodes(op="placeholder")}
+    if [n.name for n in rebuilt.find_nodes(op="placeholder")] != list(placeholders):
+        raise RuntimeError("an ATen-level pass changed the graph's inputs; it cannot be restored in place")
+    for node in reversed(list(graph.nodes)):
+        if node.op != "placeholder":
+            graph.erase_node(node)
+    env: dict[fx.Node, fx.Node] = {}
+    for node in rebuilt.nodes:
+        env[node] = placeholders[node.name] if node.op == "placeholder" else graph.node_copy(node, env.__getitem__)
+
+
+def _pipeline_uuid(passes: Sequence[Pass], extra: Any) -> str | None:
+    hasher = hashlib.sha256(repr((list(map(repr, passes)), extra)).encode())
+    hasher.update(_core_source_hash())
+    files: set[str] = set()
+    for obj in _code_objects(passes):
+        try:
+            source = inspect.getsourcefile(obj)
+        except TypeError:
+            source = None
+        if source is None or not Path(source).is_file():
+            return None
+        files.add(source)
+        hasher.update(getattr(obj, "__qualname__", repr(obj)).encode())
+    for path in sorted(files):
+        hasher.update(Path(path).read_bytes())
+    return hasher.hexdigest()
+
+
+def _code_objects(passes: Iterable[Pass]) -> Iterable[Any]:
+    for p in passes:
+        if isinstance(p, FunctionPass):
+            yield p.fn
+        else:
+            yield type(p)
+        if isinstance(p, Conditional):
+            yield p.predicate
+        if isinstance(p, Composite):
+            yield from _code_objects(p.children)
+
+
+_CORE_HASH: bytes | None = None
+
+
+def _core_source_hash() -> bytes:
+    """A hash of fxopt's own sources: the manager and analyses shape what passes do."""
+    global _CORE_HASH
+    if _CORE_HASH is None:
+        hasher = hashlib.sha256()
+        root = Path(__file__).parent
+        for path in sorted([*root.glob("*.py"), *root.glob("analysis/*.py")]):
+            hasher.update(path.read_bytes())
+        _CORE_HASH = hasher.digest()
+    return _CORE_HASH
