@@ -103,6 +103,19 @@ class NondeterministicReferenceError(ReferenceFailureError):
     """The reference gave different results on two runs with the same inputs and seed."""
 
 
+class RenderError(FxoptError, RuntimeError):
+    """Graphviz could not render a graph; the DOT text is kept so nothing is lost."""
+
+    def __init__(self, message: str, dot_path: str | None = None):
+        self.dot_path = dot_path
+        kept = f" (the DOT text was written to {dot_path})" if dot_path else ""
+        super().__init__(message + kept)
+
+
+class RendererNotFoundError(RenderError):
+    """No graphviz renderer is installed; the message says how to get one."""
+
+
 class PatternError(FxoptError, ValueError):
     """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
     or a replacement whose signature does not fit the pattern. Raised when the rule is

@@ -1,0 +1,86 @@
+"""Headless Chromium for the report tests: found, or installed with apt-get on CI.
+
+CI runs as root on a fresh Debian machine, so the set-up installs Debian's ``chromium``
+package once (under a file lock: two xdist workers may ask at the same time). Elsewhere
+a missing browser skips the tests that need it, saying how to get one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--enable-logging=stderr", "--v=0",
+)
+
+
+def _which() -> str | None:
+    return next(filter(None, map(shutil.which, CANDIDATES)), None)
+
+
+def find_or_install_chromium() -> str:
+    """The path of a chromium binary; installs Debian's package when root and missing."""
+    found = _which()
+    if found:
+        return found
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
+    with open(os.path.join(tempfile.gettempdir(), "fxopt-chromium-install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _which()  # another worker may have installed it while we waited
+        if found:
+            return found
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-q"],
+                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium",
+                     "fonts-liberation"]):
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=900)
+    found = _which()
+    if not found:
+        raise RuntimeError("apt-get installed chromium but no chromium binary is on PATH")
+    return found
+
+
+@dataclass
+class PageLoad:
+    """What Chromium saw when it loaded a page: the DOM after scripts ran, the console."""
+
+    dom: str
+    console: list[str]
+    errors: list[str]
+
+
+_CONSOLE = re.compile(r'CONSOLE\((\d+)\)\] "(.*)", source: (.*)$|:CONSOLE:?\d*\] "?(.*)')
+
+
+def _run(binary: str, page: Path, extra: list[str], profile: str, timeout: float) -> subprocess.CompletedProcess:
+    cmd = [binary, *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def load(binary: str, page: Path, screenshot: Path | None = None,
+         window: str = "1400,2400", timeout: float = 90) -> PageLoad:
+    """Open ``page`` in headless Chromium; return its DOM and console messages."""
+    with tempfile.TemporaryDirectory(prefix="fxopt-chromium-") as profile:
+        done = _run(binary, page, ["--dump-dom", "--virtual-time-budget=2000"], profile, timeout)
+        if screenshot is not None:
+            _run(binary, page, [f"--screenshot={screenshot}", f"--window-size={window}",
+                                "--hide-scrollbars"], profile, timeout)
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+    errors = [line for line in console if "ERROR" in line.split("CONSOLE")[0] or "Uncaught" in line]
+    if done.returncode != 0 and not done.stdout:
+        raise RuntimeError(f"chromium failed ({done.returncode}): {done.stderr[-2000:]}")
+    return PageLoad(done.stdout, console, errors)
