@@ -1,0 +1,67 @@
+"""Quantization for fxopt: observers, calibration, the ``insert_observers`` and ``quantize``
+passes, int8 ops that lower through Inductor (Triton weight-only GEMV/GEMM on CUDA), and
+an accuracy report. See README section "Quantization"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxopt.quant import ops  # noqa: F401  (registers torch.ops.fxopt_quant)
+from fxopt.quant.accuracy import AccuracyReport, accuracy_report, cosine, max_abs, sqnr
+from fxopt.quant.calibrate import calibrate
+from fxopt.quant.observers import (
+    OBSERVERS,
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageObserver,
+    Observer,
+)
+from fxopt.quant.passes import (
+    MODES,
+    SUMMARY_KEY,
+    InsertObservers,
+    Quantize,
+    QuantSummary,
+    SiteRecord,
+)
+from fxopt.quant.sites import SPELLINGS, Site, find_sites
+
+__all__ = [
+    "MODES", "OBSERVERS", "SPELLINGS", "AccuracyReport", "HistogramObserver", "InsertObservers",
+    "MinMaxObserver", "MovingAverageObserver", "Observer", "QuantSummary", "Quantize", "Site",
+    "SiteRecord", "accuracy_report", "calibrate", "cosine", "find_sites", "max_abs",
+    "quantize_model", "sqnr", "summary_of",
+]
+
+
+def summary_of(gm: fx.GraphModule) -> QuantSummary:
+    """The coverage summary (every site, its mode or skip reason) of the last quantize run."""
+    try:
+        return gm.meta[SUMMARY_KEY]
+    except KeyError:
+        raise KeyError("this GraphModule has not been through the quantize pass") from None
+
+
+def quantize_model(model: torch.nn.Module | fx.GraphModule, example_inputs: Sequence[Any],
+                   mode: str = "int8_weight_only", *, calibration_data: Iterable[Any] | None = None,
+                   observer: str = "minmax", progress: bool | None = None,
+                   **options: Any) -> fx.GraphModule:
+    """Quantize ``model`` in one call; returns a new GraphModule (the model is untouched).
+
+    ``options`` go to both passes (``skip``, ``keep_first_last``, ``overrides``, and
+    ``per_channel``/``dynamic_min_tokens`` for quantize). ``int8_static`` needs
+    ``calibration_data`` (an iterable of input tuples or tensors).
+    """
+    from fxopt.optimize import optimize
+
+    selection = {k: options.pop(k) for k in ("skip", "keep_first_last", "overrides") if k in options}
+    gm = model
+    if mode == "int8_static" or "int8_static" in selection.get("overrides", ""):
+        gm = optimize(model, [InsertObservers(mode=mode, observer=observer, **selection)],
+                      example_inputs=example_inputs)
+        calibrate(gm, [] if calibration_data is None else calibration_data, progress=progress)
+    return optimize(gm, [Quantize(mode=mode, **selection, **options)], example_inputs=example_inputs)

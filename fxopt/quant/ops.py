@@ -1,0 +1,137 @@
+"""fxopt's quantization ops, registered with ``torch.library`` under ``torch.ops.fxopt_quant``.
+
+Why our own ops: torch 2.13 keeps only the per-tensor ops of ``quantized_decomposed``,
+and the qint8/quint8 tensor dtypes are deprecated. Every op here works on plain ``int8``
+tensors with explicit scales, so a quantized graph is an ordinary graph that
+``torch.export``, ``make_fx`` and ``torch.compile(fullgraph=True)`` all accept.
+
+Two kinds of op:
+
+- *Decomposing* ops (``quantize``, ``dequantize``, ``dynamic_scale``,
+  ``int8_dynamic_linear``) are registered as ``CompositeImplicitAutograd``: their Python
+  body is their decomposition. Tracing (Dynamo, AOT, make_fx) inlines them into aten ops,
+  so Inductor fuses the rounding, clamping and scaling into neighbouring kernels, and
+  ``torch._int_mm`` reaches Inductor's int8 GEMM lowering. They need no fake impl:
+  the decomposition runs on fake tensors.
+- ``int8_weight_only_linear`` is *opaque*: on CUDA it runs a Triton kernel that reads the
+  int8 weight and dequantizes it in registers (no dequantized weight is ever written),
+  elsewhere the reference ``F.linear(x, w.to(x.dtype)) * scale``. It has a fake impl so
+  graphs holding it compile with ``fullgraph=True``.
+
+Scales and zero points are stored already shaped to broadcast against the tensor they
+describe (``[]`` per tensor, ``[N, 1]`` per output channel of a ``[N, K]`` weight), so one
+pair of quantize/dequantize ops covers per-tensor, per-channel and per-token schemes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_LIB = torch.library.Library("fxopt_quant", "DEF")
+
+#: int8 range used for symmetric schemes: -127..127 keeps zero exactly representable
+#: and the range symmetric, so a per-channel scale is just absmax / 127
+INT8_SYMMETRIC_MAX = 127
+
+
+def _define_composite(schema: str, fn) -> None:
+    """Define an op whose Python body is its decomposition (see the module docstring)."""
+    _LIB.define(schema)
+    _LIB.impl(schema.split("(", 1)[0], fn, "CompositeImplicitAutograd")
+
+
+def quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
+    """``clamp(round(x / scale) + zero_point, qmin, qmax)`` as int8; math in float32."""
+    q = torch.round(x.to(torch.float32) / scale) + zero_point
+    return torch.clamp(q, qmin, qmax).to(torch.int8)
+
+
+def dequantize(q: Tensor, scale: Tensor, zero_point: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """``(q - zero_point) * scale`` in float32, returned as ``out_dtype``."""
+    return ((q.to(torch.float32) - zero_point) * scale).to(out_dtype)
+
+
+def dynamic_scale(x: Tensor, dims: list[int], qmax: int) -> Tensor:
+    """Symmetric scale ``absmax / qmax`` over ``dims`` (kept as size-1 dims), in float32.
+
+    Per-token activations reduce the last dim; per-tensor reduces all of them.
+    """
+    amax = x.detach().abs().to(torch.float32).amax(dim=dims, keepdim=True)
+    return torch.clamp(amax, min=1e-12) / qmax
+
+
+def int_mm_allowed(x2d: Tensor, w: Tensor) -> bool:
+    """Whether ``torch._int_mm`` accepts these operands on CUDA: M > 16, K and N % 8 == 0."""
+    m, k = x2d.shape
+    return x2d.is_cuda and m > 16 and k % 8 == 0 and w.shape[0] % 8 == 0
+
+
+def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ w.T`` with ``x`` quantized per token at run time and ``w`` int8 per channel.
+
+    ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. Uses
+    ``torch._int_mm`` (int8 tensor cores, int32 accumulation) where it is allowed and
+    otherwise an exact float emulation: int8 values are exact in bf16/fp16/fp32 and the
+    GEMM accumulates in fp32, so small M never errors and only loses speed.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2d = x.reshape(-1, k)
+    x_scale = dynamic_scale(x2d, [-1], INT8_SYMMETRIC_MAX)
+    xq = quantize(x2d, x_scale, torch.zeros((), device=x.device), -INT8_SYMMETRIC_MAX,
+                  INT8_SYMMETRIC_MAX)
+    if int_mm_allowed(x2d, w):
+        acc = torch._int_mm(xq, w.t()).to(torch.float32)
+    else:
+        compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda else torch.float32
+        acc = torch.mm(xq.to(compute), w.t().to(compute)).to(torch.float32)
+    out = acc * x_scale * w_scale
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(x.dtype).reshape(*lead, w.shape[0])
+
+
+def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
+                                      bias: Tensor | None) -> Tensor:
+    """The definition of the weight-only op: ``F.linear(x, w.to(x.dtype)) * scale + bias``."""
+    out = F.linear(x, w.to(x.dtype)) * w_scale.to(x.dtype)
+    return out + bias.to(x.dtype) if bias is not None else out
+
+
+def _weight_only_cuda(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    from fxopt.quant import triton_kernels  # triton is imported only where CUDA runs
+
+    return triton_kernels.int8_weight_only_linear(x, w, w_scale, bias)
+
+
+def _weight_only_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def int8_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
+                dynamic_min_tokens: int) -> Tensor:
+    """The route per shape: weight-only below ``dynamic_min_tokens`` rows of ``x`` (memory
+    bound: int8 weight bytes win), int8 dynamic at or above it (compute bound: int8
+    tensor cores win). Under ``torch.compile`` the branch is taken at trace time."""
+    tokens = x.numel() // max(x.shape[-1], 1)
+    if tokens >= dynamic_min_tokens:
+        return int8_dynamic_linear(x, w, w_scale, bias)
+    return torch.ops.fxopt_quant.int8_weight_only_linear(x, w, w_scale, bias)
+
+
+_define_composite("quantize(Tensor x, Tensor scale, Tensor zero_point, int qmin, int qmax) -> Tensor",
+                  quantize)
+_define_composite("dequantize(Tensor q, Tensor scale, Tensor zero_point, ScalarType out_dtype) -> Tensor",
+                  dequantize)
+_define_composite("dynamic_scale(Tensor x, int[] dims, int qmax) -> Tensor", dynamic_scale)
+_define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
+                  int8_dynamic_linear)
+_LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")
+_LIB.impl("int8_weight_only_linear", int8_weight_only_linear_reference, "CPU")
+_LIB.impl("int8_weight_only_linear", _weight_only_cuda, "CUDA")
+torch.library.register_fake("fxopt_quant::int8_weight_only_linear")(_weight_only_fake)
+_define_composite("int8_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias, "
+                  "int dynamic_min_tokens) -> Tensor", int8_linear)
+
+ops = torch.ops.fxopt_quant

@@ -1,0 +1,150 @@
+"""Triton kernels for int8 weight-only linear layers: ``y = (x @ w.T) * scale + bias``.
+
+The weight stays int8 in memory and is converted to the activation dtype in registers,
+so the bytes read are half of a bf16 GEMM's and no dequantized weight is ever written.
+That is what makes batch-1 decoding (a GEMV, bound by memory bandwidth) up to 2x faster.
+
+Two kernels, picked by the number of rows M of ``x``:
+
+- ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and walks K,
+  multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste >90% of
+  its rows at M = 1).
+- ``_gemm``: for larger M. It computes ``y.T = w @ x.T`` ("swap AB"): the converted int8
+  weight tile is the left operand, which Hopper's wgmma may take from registers, and
+  small M becomes the tile's narrow side, so M = 16 wastes nothing.
+
+Both are autotuned per (M bucket, N, K). This module imports triton: it is loaded only
+by the CUDA implementation of ``torch.ops.fxopt_quant.int8_weight_only_linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+#: rows of x up to which the CUDA-core GEMV beats a tensor-core tile
+GEMV_MAX_M = 8
+
+
+def _gemv_configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
+            for bn, bk, w in [(8, 256, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4),
+                              (8, 512, 4), (32, 128, 4), (64, 128, 8), (16, 1024, 8)]]
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+          HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    m_mask = rm < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    out = tl.sum(acc, axis=2) * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _gemm_configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": bk, "GROUP_N": 8},
+                          num_warps=w, num_stages=s)
+            for bn, bm, bk, w, s in [
+                (64, 16, 128, 4, 4), (128, 16, 128, 4, 4), (64, 32, 128, 4, 4),
+                (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
+                (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+                (256, 128, 64, 8, 3)]]
+
+
+@triton.jit
+def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+          M_BUCKET, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+    # grouped launch order: programs that run together share weight tiles in L2
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_N * grid_m
+    first_n = (pid // per_group) * GROUP_N
+    group_size = min(grid_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % per_group) % group_size
+    pid_m = (pid % per_group) // group_size
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+    x_ptrs = x_ptr + rm[None, :] * stride_xm + rk[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K):
+        k_mask = (k0 + rk) < K
+        w = tl.load(w_ptrs, mask=(rn[:, None] < N) & k_mask[None, :], other=0)
+        xt = tl.load(x_ptrs, mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
+        acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=PRECISION)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    n_mask = rn < N
+    acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[None, :] < M) & n_mask[:, None])
+
+
+_gemv_tuned = triton.autotune(configs=_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv)
+_gemm_tuned = triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm)
+
+
+def _launch(tuned, kernel, configs, x: Tensor, grid, *args, **kwargs) -> None:
+    """Autotuned launch on a GPU; on CPU tensors (TRITON_INTERPRET=1, used by the tests of
+    this module) the first config, since the autotuner needs a GPU driver to time."""
+    if x.is_cuda:
+        tuned[grid](*args, **kwargs)
+    else:
+        config = configs[0]
+        kernel[grid(config.kwargs)](*args, **kwargs, **config.kwargs)
+
+
+def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
+                            kernel: str | None = None) -> Tensor:
+    """``F.linear(x, w.to(x.dtype)) * w_scale + bias`` without materializing ``w.to(x.dtype)``.
+
+    ``x``: ``[..., K]`` fp32/bf16/fp16; ``w``: ``[N, K]`` int8 with unit stride along K;
+    ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None. ``kernel`` forces "gemv" or
+    "gemm" (benchmarks compare them); by default M picks (see GEMV_MAX_M).
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    n = w.shape[0]
+    x2d = x.reshape(-1, k)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    m = x2d.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*lead, n)
+    scale = w_scale.to(torch.float32).contiguous()
+    b = bias.contiguous() if bias is not None else scale  # dummy pointer when HAS_BIAS=False
+    args = (x2d, w, scale, b, y, m, n, k, x2d.stride(0), w.stride(0), y.stride(0))
+    if kernel == "gemv" or (kernel is None and m <= GEMV_MAX_M):
+        block_m = triton.next_power_of_2(m)
+        _launch(_gemv_tuned, _gemv, _gemv_configs(), x,
+                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
+                *args, HAS_BIAS=bias is not None, BLOCK_M=block_m)
+    else:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        _launch(_gemm_tuned, _gemm, _gemm_configs(), x,
+                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),),
+                *args, triton.next_power_of_2(m), HAS_BIAS=bias is not None, PRECISION=precision)
+    return y.reshape(*lead, n)
