@@ -13,13 +13,18 @@ rather than writing into existing ones, and the manager checks that they did.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-_NodeRecord = tuple[fx.Node, str, Any, tuple, dict, str, Any, dict]
+#: (node, (op, target, args, kwargs, name, type), meta copy)
+_NodeRecord = tuple[fx.Node, tuple[str, Any, tuple, dict, str, Any], dict]
+# attrgetter/map keep the per-node work in C: this runs before every pass
+_FIELDS = operator.attrgetter("op", "target", "_args", "_kwargs", "name", "type")
+_META = operator.attrgetter("meta")
 
 
 @dataclass
@@ -33,9 +38,9 @@ class GraphSnapshot:
 
     @classmethod
     def take(cls, graph: fx.Graph) -> GraphSnapshot:
+        nodes = list(graph.nodes)
         return cls(
-            records=[(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, n.meta.copy())
-                     for n in graph.nodes],
+            records=list(zip(nodes, map(_FIELDS, nodes), map(dict.copy, map(_META, nodes)))),
             codegen=graph._codegen,
             tracer_cls=getattr(graph, "_tracer_cls", None),
             tracer_extras=getattr(graph, "_tracer_extras", None),
@@ -46,15 +51,15 @@ class GraphSnapshot:
 
     def restore_meta(self) -> None:
         """Put back every recorded node's metadata (the nodes themselves are unchanged)."""
-        for record in self.records:
-            record[0].meta = dict(record[7])
+        for node, _, meta in self.records:
+            node.meta = dict(meta)
 
     def build(self, owning_module: fx.GraphModule | None = None) -> fx.Graph:
         """A new graph with the recorded nodes, names and metadata."""
         graph = fx.Graph(owning_module, self.tracer_cls, self.tracer_extras)
         graph._codegen = self.codegen
         env: dict[fx.Node, fx.Node] = {}
-        for node, op, target, args, kwargs, name, type_, meta in self.records:
+        for node, (op, target, args, kwargs, name, type_), meta in self.records:
             new = graph.create_node(
                 op, target, fx.map_arg(args, env.__getitem__), fx.map_arg(kwargs, env.__getitem__),
                 name=name, type_expr=type_,
