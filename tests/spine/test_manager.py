@@ -1,5 +1,6 @@
 """PassManager: transactions, fixpoints, analysis caching, verification, hooks, inputs."""
 
+import copy
 import operator
 
 import pytest
@@ -281,3 +282,52 @@ def test_verify_without_inputs_is_an_input_error():
     model, gm, _ = _traced_demo()
     with pytest.raises(fxopt.InputError, match="verify=True needs example_inputs"):
         fxopt.optimize(gm, verify=True)
+
+
+def test_conditional_runs_children_only_when_the_predicate_holds():
+    model, gm, inputs = _traced_demo()
+
+    def has_dropout(g, ctx):
+        return any(n.op == "call_module" and n.target == "drop" for n in g.graph.nodes)
+
+    pipeline = [fxopt.Conditional(has_dropout, ["remove_dropout"], name="if dropout"),
+                fxopt.Conditional(has_dropout, ["remove_dropout"], name="if dropout again")]
+    report = fxopt.PassManager(pipeline).run(gm)
+    first, second = report.records
+    assert first.changed and first.children[0].name == "remove_dropout"
+    assert second.skipped == "condition is false" and not second.children
+
+
+def test_function_pass_returning_a_new_graph_module_is_adopted_in_place():
+    model, gm, inputs = _traced_demo()
+    expected = gm(*inputs)
+
+    def retrace(g):
+        new = fx.GraphModule(g, copy.deepcopy(g.graph))
+        drop = next(n for n in new.graph.nodes if n.target == "drop")
+        drop.replace_all_uses_with(drop.args[0])
+        new.graph.erase_node(drop)
+        new.recompile()
+        return new
+
+    report = fxopt.PassManager([retrace]).run(gm)
+    assert report.records[0].name == "retrace" and report.records[0].changed
+    assert not any(n.target == "drop" for n in gm.graph.nodes)
+    torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
+
+
+def test_a_pass_that_misreports_changed_is_still_recompiled():
+    gm = fx.symbolic_trace(nn.Sequential(nn.ReLU(), nn.Dropout().eval()))
+
+    class Liar(fxopt.Pass):
+        name = "liar"
+
+        def run(self, g, ctx):
+            drop = next(n for n in g.graph.nodes if n.op == "call_module" and n.target == "1")
+            drop.replace_all_uses_with(drop.args[0])
+            g.graph.erase_node(drop)
+            return False
+
+    report = fxopt.PassManager([Liar()]).run(gm)
+    assert report.records[0].changed
+    assert "getattr(self, \"1\")" not in gm.code
