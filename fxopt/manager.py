@@ -215,12 +215,14 @@ class _Run:
         return record
 
     def _rollback(self, snapshot: GraphSnapshot, state: ModuleState) -> None:
-        restored = self.backup.restore(state.mutated_tensors())
+        mutated = state.mutated_tensors()
+        if mutated and not self.backup.restore(mutated):
+            self.ctx.report.warnings.append(
+                f"data of {', '.join(name for name, _ in mutated)} was written in place and could "
+                "not be restored (the tensor backup was skipped: raise tensor_backup_limit)")
         state.restore()
         self.gm.graph = snapshot.build(self.gm)
         self.ctx.analyses.invalidate()
-        if not restored:
-            self.ctx.report.warnings.append("parameter data written in place could not be restored")
 
 
 def _as_result(p: Pass, value: Any) -> PassResult:
