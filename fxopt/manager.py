@@ -217,7 +217,7 @@ class _Run:
     def _rollback(self, snapshot: GraphSnapshot, state: ModuleState) -> None:
         mutated = state.mutated_tensors()
         if mutated and not self.backup.restore(mutated):
-            self.ctx.report.warnings.append(
+            self.ctx.warn(
                 f"data of {', '.join(name for name, _ in mutated)} was written in place and could "
                 "not be restored (the tensor backup was skipped: raise tensor_backup_limit)")
         state.restore()
