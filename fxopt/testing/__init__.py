@@ -15,11 +15,17 @@ from fxopt.errors import (
     ReferenceFailureError,
     StructureMismatchError,
 )
+from fxopt.testing.check import check_pass, write_artifacts
 from fxopt.testing.equivalence import Divergence, assert_equivalent, first_divergence, pair_nodes
 from fxopt.testing.inputs import InputSpec, input_specs, random_inputs
+from fxopt.testing.minimize import minimize, node_count, pass_breaks
+from fxopt.testing.repro import repro_source, write_repro
+from fxopt.testing.zoo import ZOO, CaseInstance, ZooCase
 
 __all__ = [
-    "Divergence", "EquivalenceError", "InputSpec", "NondeterministicReferenceError",
-    "ReferenceFailureError", "StructureMismatchError", "assert_equivalent", "first_divergence",
-    "input_specs", "pair_nodes", "random_inputs",
+    "ZOO", "CaseInstance", "Divergence", "EquivalenceError", "InputSpec",
+    "NondeterministicReferenceError", "ReferenceFailureError", "StructureMismatchError",
+    "ZooCase", "assert_equivalent", "check_pass", "first_divergence", "input_specs", "minimize",
+    "node_count", "pair_nodes", "pass_breaks", "random_inputs", "repro_source", "write_artifacts",
+    "write_repro",
 ]

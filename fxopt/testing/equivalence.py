@@ -204,12 +204,19 @@ class Divergence:
     after_repr: str
     before_repr: str
     created_by: str | None = None
+    #: nodes feeding ``after_node`` that pair with nothing in the original (new, or
+    #: changed in place without provenance): where the difference most likely starts
+    unpaired_inputs: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         by = f" (created by pass {self.created_by!r})" if self.created_by else ""
-        return (f"first diverging node: {self.after_node!r}{by} in the rewrite, paired with "
+        text = (f"first diverging node: {self.after_node!r}{by} in the rewrite, paired with "
                 f"{self.before_node!r} in the original: {self.mismatch.message}\n"
                 f"  rewrite:  {self.after_repr}\n  original: {self.before_repr}")
+        if self.unpaired_inputs:
+            text += ("\n  it is fed by nodes with no counterpart in the original (new, or changed "
+                     "without provenance): " + "\n    ".join(["", *self.unpaired_inputs]))
+        return text
 
 
 class _Recorder(fx.Interpreter):
@@ -267,12 +274,31 @@ def first_divergence(before: fx.GraphModule, after: fx.GraphModule, inputs: Sequ
     inputs = tuple(inputs)
     before_values = _record(before, inputs, seed)
     after_values = _record(after, inputs, seed)
-    for node, partner in pair_nodes(before, after).items():
+    pairs = pair_nodes(before, after)
+    for node, partner in pairs.items():
         if node.name not in after_values or partner.name not in before_values:
             continue
         mismatch = compare(before_values[partner.name], after_values[node.name], rtol, atol,
                            path=node.name)
         if mismatch is not None:
+            unpaired = tuple(n.format_node() or n.name for n in _unpaired_ancestors(node, pairs))
             return Divergence(node.name, partner.name, mismatch, node.format_node() or node.name,
-                              partner.format_node() or partner.name, node.meta.get("fxopt.created_by"))
+                              partner.format_node() or partner.name, node.meta.get("fxopt.created_by"),
+                              unpaired)
     return None
+
+
+def _unpaired_ancestors(node: fx.Node, pairs: dict[fx.Node, fx.Node]) -> list[fx.Node]:
+    """Unpaired nodes reachable from ``node``'s inputs without crossing a paired node."""
+    found: list[fx.Node] = []
+    stack = list(node.all_input_nodes)
+    seen: set[fx.Node] = set()
+    while stack:
+        current = stack.pop()
+        if current in seen or current in pairs or current.op == "placeholder":
+            continue
+        seen.add(current)
+        found.append(current)
+        stack.extend(current.all_input_nodes)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(found, key=order.__getitem__)

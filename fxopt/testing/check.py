@@ -1,0 +1,108 @@
+"""``check_pass``: run passes on a graph and assert that the result is equivalent.
+
+On failure, with an artifacts directory, it leaves what a person needs to debug the
+rewrite: a runnable repro of the *minimized* failing graph, that graph's code, the
+unified diff of the graph before and after the passes (and an SVG of it when
+``fxopt.visualize.render_diff`` is available), and the error message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.fx as fx
+import torch.nn as nn
+
+from fxopt.errors import EquivalenceError
+from fxopt.testing.equivalence import assert_equivalent
+from fxopt.testing.inputs import random_inputs
+from fxopt.testing.minimize import minimize, node_count, pass_breaks
+from fxopt.testing.repro import write_repro
+from fxopt.testing.zoo import CaseInstance
+
+
+def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
+               inputs: Sequence[Any] | None = None, *, rtol: float | None = None,
+               atol: float | None = None, seed: int = 0, artifacts: str | Path | None = None,
+               minimize_seconds: float = 60.0, name: str | None = None) -> fx.GraphModule:
+    """Run ``passes`` (anything ``fxopt.optimize`` accepts) on a copy of ``model`` and
+    assert the result computes the same function; return the optimized GraphModule.
+
+    ``model`` may be a zoo case instance (the ``fx_case`` fixture: its inputs and
+    tolerances are used unless given), a GraphModule or an ``nn.Module`` (traced).
+    ``inputs`` default to random ones drawn from the graph's placeholders. With
+    ``artifacts`` set, a failure writes ``repro.py``, ``minimized_graph.py``,
+    ``diff.txt`` (and ``diff.svg``) and ``error.txt`` under ``artifacts/<name>/``.
+    """
+    from fxopt.optimize import as_graph_module, optimize
+
+    if isinstance(model, CaseInstance):
+        inputs = model.inputs if inputs is None else inputs
+        rtol = model.rtol if rtol is None else rtol
+        atol = model.atol if atol is None else atol
+        name = name or model.name
+        gm = model.gm
+    else:
+        gm = as_graph_module(model)
+    if inputs is None:
+        inputs = random_inputs(gm, seed=seed)
+    inputs = tuple(inputs)
+    optimized = optimize(gm, passes=passes, example_inputs=inputs)
+    try:
+        assert_equivalent(gm, optimized, inputs, rtol=rtol, atol=atol, seed=seed)
+    except EquivalenceError as exc:
+        if artifacts is not None:
+            where = write_artifacts(Path(artifacts) / _safe(name or "check_pass"), gm, optimized,
+                                    inputs, passes, exc, rtol=rtol, atol=atol,
+                                    minimize_seconds=minimize_seconds)
+            exc.args = (f"{exc.args[0]}\nartifacts (repro.py, minimized graph, diff): {where}",)
+        raise
+    return optimized
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "case"
+
+
+def write_artifacts(directory: Path, before: fx.GraphModule, after: fx.GraphModule,
+                    inputs: Sequence[Any], passes: Any, error: BaseException, *,
+                    rtol: float | None = None, atol: float | None = None,
+                    minimize_seconds: float = 60.0) -> Path:
+    """Write the debugging artifacts of a failed check into ``directory``."""
+    from fxopt.optimize import optimize
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
+    small, small_inputs = before, tuple(inputs)
+    try:
+        small = minimize(before, pass_breaks(passes, rtol=rtol, atol=atol),
+                         time_limit=minimize_seconds)
+        small_inputs = random_inputs(small)
+    except Exception as exc:  # the full graph still makes a repro
+        (directory / "error.txt").open("a").write(f"\nnot minimized: {type(exc).__name__}: {exc}\n")
+    title = (f"fxopt repro: passes {passes!r} break this graph "
+             f"({node_count(small)} nodes, minimized from {node_count(before)})")
+    write_repro(directory / "repro.py", small, small_inputs, passes, rtol=rtol, atol=atol, title=title)
+    (directory / "minimized_graph.py").write_text(f"# {title}\n{small.code}")
+    try:
+        small_after = optimize(small, passes=passes, example_inputs=small_inputs)
+    except Exception:
+        small, small_after = before, after
+    diff = difflib.unified_diff(small.code.splitlines(), small_after.code.splitlines(),
+                                "before.py", "after.py", lineterm="")
+    (directory / "diff.txt").write_text("\n".join(diff) + "\n")
+    _render_diff(directory / "diff.svg", small, small_after)
+    return directory
+
+
+def _render_diff(path: Path, before: fx.GraphModule, after: fx.GraphModule) -> None:
+    """An SVG of the diff, when fxopt.visualize is installed and ``dot`` runs."""
+    try:
+        from fxopt.visualize import render_diff
+        render_diff(before, after, path)
+    except Exception:  # no renderer: the textual diff is there
+        return

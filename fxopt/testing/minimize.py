@@ -1,0 +1,192 @@
+"""Shrink a graph that makes a check fail down to a few nodes, and write it as a repro.
+
+The reduction is delta debugging over graph surgery, greedy and in the order that
+removes the most per attempt:
+
+1. *re-root*: make a single node the graph's output (earliest first), dropping
+   everything after it and everything it does not depend on;
+2. *cut*: turn a node into a fresh graph input of the same shape and dtype, dropping
+   everything it depended on;
+3. *bypass*: replace a node by one of its inputs of the same shape and dtype.
+
+A candidate is kept only if the check still fails on it; the loop repeats until no
+candidate is kept or the time is up. Candidates are built on copies, so the caller's
+graph is never touched. Shapes come from ``meta['val']``, which every candidate keeps,
+so the check can draw fresh inputs with :func:`fxopt.testing.inputs.random_inputs`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxopt.errors import EquivalenceError, InputError, ReferenceFailureError
+from fxopt.testing.equivalence import assert_equivalent
+from fxopt.testing.inputs import random_inputs
+
+Check = Callable[[fx.GraphModule], bool]
+
+
+def node_count(gm: fx.GraphModule) -> int:
+    """Nodes that compute or feed something: every node but the output."""
+    return sum(1 for n in gm.graph.nodes if n.op != "output")
+
+
+def pass_breaks(passes: Any, *, rtol: float | None = None, atol: float | None = None,
+                seed: int = 0) -> Check:
+    """A check for :func:`minimize`: true when running ``passes`` on a graph makes it
+    compute something else (fresh inputs from ``meta['val']``, :func:`assert_equivalent`).
+
+    A graph the reference cannot run, or that the pass rejects with an error, does not
+    count as reproducing: minimizing must keep the *same* failure, not find another.
+    """
+    from fxopt.optimize import optimize  # lazily: fxopt.optimize imports this package
+
+    def check(gm: fx.GraphModule) -> bool:
+        try:
+            inputs = random_inputs(gm, seed=seed)
+            rewritten = optimize(gm, passes=passes, example_inputs=inputs)
+        except Exception:
+            return False
+        try:
+            assert_equivalent(gm, rewritten, inputs, rtol=rtol, atol=atol, seed=seed, localize=False)
+        except EquivalenceError:
+            return True
+        except ReferenceFailureError:
+            return False
+        return False
+
+    return check
+
+
+def minimize(gm: fx.GraphModule, still_fails: Check, *, example_inputs: Iterable[Any] | None = None,
+             time_limit: float = 60.0) -> fx.GraphModule:
+    """The smallest graph found within ``time_limit`` seconds on which ``still_fails``
+    is true. ``gm`` itself must fail; its placeholders need ``meta['val']`` unless
+    ``example_inputs`` are given to record it."""
+    current = _copy(gm)
+    if example_inputs is not None:
+        from fxopt.optimize import optimize
+
+        optimize(current, passes=[], example_inputs=tuple(example_inputs), inplace=True)
+    if not still_fails(current):
+        raise InputError("minimize: the check does not fail on the graph given; nothing to minimize")
+    deadline = time.monotonic() + time_limit
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for surgery, name, args in _plan(current):
+            if time.monotonic() >= deadline:
+                break
+            candidate = _attempt(current, surgery, name, *args)
+            if candidate is not None and node_count(candidate) < node_count(current) \
+                    and still_fails(candidate):
+                current, changed = candidate, True
+    current.recompile()
+    return current
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy with its own graph and module tree, sharing tensors (never written)."""
+    from fxopt.optimize import copy_sharing_tensors
+
+    return copy_sharing_tensors(gm)
+
+
+def _plan(gm: fx.GraphModule) -> list[tuple[Callable[..., bool], str, tuple[int, ...]]]:
+    """The surgeries to try, biggest expected reduction first. Planned by node name, so
+    a plan stays meaningful while earlier steps shrink the graph (gone names are skipped)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    plan: list[tuple[Callable[..., bool], str, tuple[int, ...]]] = []
+    plan += [(_reroot, n.name, ()) for n in nodes]  # earliest root first: smallest graphs
+    plan += [(_cut, n.name, ()) for n in reversed(nodes)]  # cutting late nodes drops the most
+    plan += [(_bypass, n.name, (i,)) for n in reversed(nodes) for i in range(len(n.all_input_nodes))]
+    return plan
+
+
+def _attempt(gm: fx.GraphModule, surgery: Callable[..., bool], name: str, *args: Any) -> fx.GraphModule | None:
+    """A copy of ``gm`` with ``surgery`` applied at node ``name``, or None if it does not apply."""
+    if not any(n.name == name for n in gm.graph.nodes):
+        return None
+    candidate = _copy(gm)
+    try:
+        if not surgery(candidate.graph, _find(candidate, name), *args):
+            return None
+        _drop_dead(candidate)
+        candidate.recompile()
+    except Exception:
+        return None
+    return candidate
+
+
+def _find(gm: fx.GraphModule, name: str) -> fx.Node:
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+def _tensor_val(node: fx.Node) -> torch.Tensor | None:
+    val = node.meta.get("val")
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _reroot(graph: fx.Graph, node: fx.Node) -> bool:
+    if _tensor_val(node) is None:
+        return False
+    output = next(n for n in graph.nodes if n.op == "output")
+    if output.args == (node,):
+        return False
+    output.args = (node,)
+    graph._codegen = fx.graph.CodeGen()  # a plain single output: no pytree output spec
+    return True
+
+
+def _cut(graph: fx.Graph, node: fx.Node) -> bool:
+    val = _tensor_val(node)
+    if val is None or node.op == "placeholder":
+        return False
+    with graph.inserting_before(_first_non_placeholder(graph)):
+        placeholder = graph.placeholder(f"cut_{node.name}")
+    placeholder.meta["val"] = val
+    node.replace_all_uses_with(placeholder)
+    graph.erase_node(node)
+    graph._codegen = fx.graph.CodeGen()
+    return True
+
+
+def _first_non_placeholder(graph: fx.Graph) -> fx.Node | None:
+    return next((n for n in graph.nodes if n.op != "placeholder"), None)
+
+
+def _bypass(graph: fx.Graph, node: fx.Node, index: int) -> bool:
+    val, source = _tensor_val(node), node.all_input_nodes[index]
+    source_val = _tensor_val(source)
+    if val is None or source_val is None or source_val.shape != val.shape or source_val.dtype != val.dtype:
+        return False
+    node.replace_all_uses_with(source)
+    graph.erase_node(node)
+    return True
+
+
+def _drop_dead(gm: fx.GraphModule) -> None:
+    """Remove every node the output does not depend on, side effects or not: the check
+    decides whether what is left still fails."""
+    graph = gm.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    live: set[fx.Node] = set()
+    stack = [output]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    for node in reversed(list(graph.nodes)):
+        if node not in live:
+            graph.erase_node(node)
+    used = {n.target.split(".")[0] for n in graph.nodes if n.op in ("call_module", "get_attr")}
+    for name, _ in list(gm.named_children()):
+        if name not in used:
+            delattr(gm, name)
+
