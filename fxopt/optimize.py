@@ -19,6 +19,10 @@ from fxopt.report import Report
 DEFAULT_PIPELINE: tuple[str, ...] = (
     "remove_dropout",
     "eliminate_identity",
+    "fold_conv_bn",
+    "fuse_conv_bn_relu",
+    "fuse_add_relu",
+    "fuse_linear_relu",
     "constant_fold",
     "cse",
     "dce",

@@ -40,7 +40,7 @@ class ParamRef:
     target: str  # qualified attribute path, usable as a get_attr target
 
 
-@dataclass
+@dataclass(slots=True)
 class Canon:
     """The canonical reading of one node."""
 
@@ -63,6 +63,8 @@ _MISSING = object()
 def _bind(args: Sequence[Any], kwargs: dict[str, Any], params: Sequence[tuple[str, Any]]) -> list[Any] | None:
     """Bind a call's arguments to ``params`` ((name, default) pairs; default _MISSING means
     required); None when they do not fit."""
+    if not kwargs and len(args) == len(params):
+        return list(args)
     if len(args) > len(params):
         return None
     values = list(args) + [_MISSING] * (len(params) - len(args))
@@ -103,7 +105,8 @@ def _unary(op: str, extra: Sequence[tuple[str, Any]] = ()) -> Adapter:
     params = [("self", _MISSING), *extra]
 
     def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
+        if kwargs:
+            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
         bound = _bind(args, kwargs, params)
         return None if bound is None else (op, bound)
 
@@ -115,7 +118,8 @@ def _binary(op: str, alpha: bool) -> Adapter:
     params = [("self", _MISSING), ("other", _MISSING)] + ([("alpha", 1)] if alpha else [])
 
     def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items()}
+        if kwargs:
+            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items()}
         bound = _bind(args, kwargs, params)
         return None if bound is None else (op, bound)
 
@@ -347,8 +351,8 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
         entry = None
     if entry is not None:
         _, adapter, inplace = entry
-        kwargs = dict(kwargs)
-        position = _POSITIONAL_INPLACE.get(target) if not method else None
+        kwargs = dict(kwargs) if kwargs else {}
+        position = None if method else _POSITIONAL_INPLACE.get(target)
         if position is not None and len(args) > position:
             kwargs["inplace"], args = args[position], args[:position]
         inplace = inplace or kwargs.get("inplace") is True

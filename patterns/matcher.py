@@ -31,6 +31,7 @@ from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
+from fxopt.analysis.effects import mutated_inputs
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule
@@ -226,62 +227,71 @@ def _is_fresh(node: fx.Node, canon: Canon | None) -> bool:
 
 @dataclass
 class SweepState:
-    """Facts about the graph computed once per sweep: node positions and where in-place
-    writes happen (positions of new nodes are fractions below their anchor's)."""
+    """Facts about the graph for one sweep: node positions (new nodes get fractions below
+    their anchor's) and, computed only if a match spans many nodes, where in-place writes
+    happen."""
 
     positions: dict[fx.Node, float]
     writers: list[float] | None = None
 
-    def writer_positions(self, gm: fx.GraphModule) -> list[float]:
-        if self.writers is None:
-            from fxopt.analysis.effects import mutated_inputs
+    #: matches spanning at most this many nodes are checked by walking the span
+    WALK_LIMIT = 64
 
+    def write_between(self, gm: fx.GraphModule, first: fx.Node, anchor: fx.Node,
+                      matched: set[fx.Node]) -> bool:
+        """Whether a node outside ``matched`` writes in place between ``first`` and ``anchor``."""
+        node, steps = first.next, 0
+        while node is not anchor and steps < self.WALK_LIMIT:
+            if node not in matched and mutated_inputs(node):
+                return True
+            node, steps = node.next, steps + 1
+        if node is anchor:
+            return False
+        if self.writers is None:  # a long span: index the writers once for this sweep
             self.writers = sorted(self.positions[n] for n in gm.graph.nodes
-                                  if n.op in ("call_function", "call_method", "call_module")
-                                  and n in self.positions and mutated_inputs(n))
-        return self.writers
+                                  if n in self.positions and mutated_inputs(n))
+        lo = bisect.bisect_right(self.writers, self.positions[first])
+        hi = bisect.bisect_left(self.writers, self.positions[anchor])
+        inside = {self.positions[g] for g in matched if g in self.positions}
+        return any(w not in inside for w in self.writers[lo:hi])
 
 
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
     """The reason ``m`` must not be rewritten, or None if it is sound."""
-    matched = set(m.nodes.values())
+    forms = matcher.cache  # every matched node was canonicalized while matching
+    anchor = m.anchor
     outputs = set(m.outputs)
+    matched = set(m.nodes.values())
     for g in list(matched):
-        canon = matcher.canon(g)
-        for extra in canon.interior:
+        for extra in forms[g].interior:
             live = [u for u in extra.users if u is not g and u.users]
             if live:
                 return f"node {extra.name!r} (part of {g.name!r}) is also used by {live[0].name!r}"
             matched.add(extra)
+    first = anchor
+    positions = sweep.positions
     for p, g in m.nodes.items():
-        if g in outputs:
-            continue
-        outside = [u for u in g.users if u not in matched]
-        if outside:
-            return (f"node {g.name!r} (pattern {p.name!r}) is also used by {outside[0].name!r} outside the "
-                    "match; the rewrite would have to keep it (return it from the pattern to allow that)")
-    for g in m.nodes.values():
-        canon = matcher.canon(g)
-        if not canon.inplace:
-            continue
-        written = canon.args[0]
-        if written in matched and written not in outputs:
-            continue
-        if isinstance(written, fx.Node) and len(written.users) == 1 and _is_fresh(written, matcher.canon(written)):
-            continue
-        return (f"node {g.name!r} writes in place into {_describe(written)}, which is visible outside the "
-                "match; replacing it with an out-of-place computation would change the program")
-    anchor_pos = sweep.positions[m.anchor]
-    first = min(sweep.positions[g] for g in m.nodes.values())
-    writers = sweep.writer_positions(m.gm)
-    lo, hi = bisect.bisect_right(writers, first), bisect.bisect_left(writers, anchor_pos)
-    if hi > lo:
-        inside = {sweep.positions[g] for g in m.nodes.values()}
-        if any(w not in inside for w in writers[lo:hi]):
-            return "an in-place write outside the match happens between the matched nodes"
-    for out in outputs - {m.anchor}:
-        early = [u for u in out.users if u not in matched and sweep.positions.get(u, anchor_pos + 1) < anchor_pos]
+        if positions[g] < positions[first]:
+            first = g
+        if g not in outputs:
+            for u in g.users:
+                if u not in matched:
+                    return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
+                            "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+        form = forms[g]
+        if form.inplace:
+            written = form.args[0]
+            if not isinstance(written, fx.Node) or not (
+                    written in matched and written not in outputs
+                    or len(written.users) == 1 and _is_fresh(written, matcher.canon(written))):
+                return (f"node {g.name!r} writes in place into {_describe(written)}, which is visible outside "
+                        "the match; replacing it with an out-of-place computation would change the program")
+    if first is not anchor and sweep.write_between(m.gm, first, anchor, matched):
+        return "an in-place write outside the match happens between the matched nodes"
+    anchor_pos = positions[anchor]
+    for out in outputs - {anchor}:
+        early = [u for u in out.users if u not in matched and positions.get(u, anchor_pos + 1) < anchor_pos]
         if early:
-            return (f"output {out.name!r} is used by {early[0].name!r} before the anchor {m.anchor.name!r}; "
+            return (f"output {out.name!r} is used by {early[0].name!r} before the anchor {anchor.name!r}; "
                     "fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
-    return rule.check_constraints(m)
+    return rule.check_constraints(m) if rule.constraints or rule.where else None

@@ -142,10 +142,13 @@ def _ancestors(node: fx.Node) -> set[fx.Node]:
 
 @dataclass
 class CompiledReplacement:
+    """A traced replacement, split for inlining: holes, body in order, returned value."""
+
     fn: Callable
     graph: fx.Graph
-    params: list[str]
-    n_outputs: int
+    holes: list[fx.Node]
+    body: list[fx.Node]
+    output: Any
 
 
 def compile_replacement(fn: Callable, pattern: CompiledPattern) -> CompiledReplacement:
@@ -163,4 +166,6 @@ def compile_replacement(fn: Callable, pattern: CompiledPattern) -> CompiledRepla
         raise PatternError(f"replacement {_signature(fn)} does not fit pattern {pattern.signature}: {why}")
     if any(n.op == "get_attr" for n in graph.nodes):
         raise PatternError(f"replacement {_signature(fn)} reads module attributes; pass tensors as arguments")
-    return CompiledReplacement(fn, graph, params, n_outputs)
+    holes = [n for n in graph.nodes if n.op == "placeholder"]
+    body = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    return CompiledReplacement(fn, graph, holes, body, returned)

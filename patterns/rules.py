@@ -121,13 +121,16 @@ def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None
 
 def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, int],
            pass_name: str | None) -> bool:
+    """One forward pass over the graph; True if another could find more (a rewrite created
+    a node some rule anchors at, or a match was refused before a later rewrite, which may
+    have removed the reason)."""
     nodes = list(gm.graph.nodes)
     sweep = SweepState({n: float(i) for i, n in enumerate(nodes)})
     cache: dict[fx.Node, Canon | None] = {}
     matchers = {id(r): StructuralMatcher(r.pattern, cache) for rules in index.values() for r in rules}
     erased: set[fx.Node] = set()
     attrs: dict[str, fx.Node] = {}
-    changed = False
+    refused = again = False
     for node in nodes:
         if node in erased:
             continue
@@ -141,42 +144,43 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
                 continue
             m = Match(gm, r.pattern, *state)
             if check_match(m, r, matcher, sweep) is not None:
+                refused = True
                 continue
-            erased |= rewrite(m, r, sweep, cache, attrs, pass_name or r.name)
+            created, gone = rewrite(m, r, sweep, cache, attrs, pass_name or r.name)
+            erased |= gone
             counts[r.name] += 1
-            changed = True
+            again = again or refused or any(quick_op(n) in index for n in created)
             break
-    return changed
+    return again
 
 
 def rewrite(m: Match, r: Rule, sweep: SweepState, cache: dict[fx.Node, Canon | None],
-            attrs: dict[str, fx.Node], pass_name: str) -> set[fx.Node]:
+            attrs: dict[str, fx.Node], pass_name: str) -> tuple[list[fx.Node], set[fx.Node]]:
     """Inline ``r``'s replacement at the anchor of ``m``, reroute the outputs' users, erase
-    the matched nodes; return the erased nodes."""
+    the matched nodes; return the created and the erased nodes."""
     graph = m.anchor.graph
     anchor = m.anchor
     env: dict[fx.Node, Any] = {}
     created: list[fx.Node] = []
     outputs: Any = None
+    lookup = env.__getitem__
     with graph.inserting_before(anchor):
-        for rn in r.replacement.graph.nodes:
-            if rn.op == "placeholder":
-                bound = m.bindings[rn.target]
-                if isinstance(bound, ParamRef):
-                    getter = attrs.get(bound.target)
-                    if getter is None:
-                        getter = attrs[bound.target] = graph.get_attr(bound.target)
-                        created.append(getter)
-                    bound = getter
-                env[rn] = bound
-            elif rn.op == "output":
-                outputs = fx.map_arg(rn.args[0], lambda a: env[a])
-            else:
-                new = graph.node_copy(rn, lambda a: env[a])
-                env[rn] = new
-                created.append(new)
+        for rn in r.replacement.holes:
+            bound = m.bindings[rn.target]
+            if isinstance(bound, ParamRef):
+                getter = attrs.get(bound.target)
+                if getter is None:
+                    getter = attrs[bound.target] = graph.get_attr(bound.target)
+                    created.append(getter)
+                bound = getter
+            env[rn] = bound
+        for rn in r.replacement.body:
+            new = env[rn] = graph.create_node(rn.op, rn.target, fx.map_arg(rn.args, lookup),
+                                              fx.map_arg(rn.kwargs, lookup), rn.name)
+            created.append(new)
+    outputs = fx.map_arg(r.replacement.output, lookup)
     new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    replaced = [g for g in m.nodes.values()]
+    replaced = list(m.nodes.values())
     _propagate_meta(m.gm, created)
     for new in created:
         sweep.positions[new] = sweep.positions[anchor] - 0.5
@@ -200,7 +204,7 @@ def rewrite(m: Match, r: Rule, sweep: SweepState, cache: dict[fx.Node, Canon | N
                 graph.erase_node(extra)
                 erased.add(extra)
         cache.pop(g, None)
-    return erased
+    return created, erased
 
 
 def _propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
@@ -312,6 +316,8 @@ class RulePass(Pass):
     """A pass that applies a fixed list of rules (see :func:`register_rules`)."""
 
     rules: ClassVar[tuple[Rule, ...]] = ()
+    #: evaluate, after rewriting, what now depends only on constants (folded weights)
+    fold_constants: ClassVar[bool] = False
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         try:
@@ -320,17 +326,24 @@ class RulePass(Pass):
             pass  # rules whose constraints need shapes simply do not fire
         counts = apply_rules(gm, self.rules, self.name)
         total = sum(counts.values())
-        return PassResult(total > 0, {"rewrites": total, **{k: v for k, v in counts.items() if v}})
+        stats = {"rewrites": total, **{k: v for k, v in counts.items() if v}}
+        if total and self.fold_constants:
+            from fxopt.passes.cleanup import ConstantFold
+
+            stats["constants_folded"] = ConstantFold().run(gm, ctx).stats.get("folded", 0)
+        return PassResult(total > 0, stats)
 
 
 def register_rules(name: str, rules: Iterable[Rule], description: str, *,
-                   inference_only: bool = False, after: tuple[str, ...] = (),
-                   before: tuple[str, ...] = (), replace: bool = False) -> type[RulePass]:
+                   inference_only: bool = False, fold_constants: bool = False,
+                   after: tuple[str, ...] = (), before: tuple[str, ...] = (),
+                   replace: bool = False) -> type[RulePass]:
     """Register a pass called ``name`` that applies ``rules``; usable by name in
     ``fxopt.optimize(passes=[...])``, textual pipelines and the PassManager."""
     klass = type(_class_name(name), (RulePass,), {
         "name": name, "__doc__": description, "rules": tuple(rules),
-        "inference_only": inference_only, "after": after, "before": before,
+        "inference_only": inference_only, "fold_constants": fold_constants,
+        "after": after, "before": before,
         "__module__": _caller_module(),
     })
     return register_pass(klass, replace=replace)

@@ -16,18 +16,13 @@ those computations ahead of time where their inputs are constants (constant_fold
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from fxopt.patterns.constraints import equals, is_tensor, rank
-from fxopt.patterns.rules import RulePass, register_rules, rule
+from fxopt.patterns.rules import register_rules, rule
 
 import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
-from fxopt.pass_protocol import PassResult
-from fxopt.passes.cleanup import ConstantFold
-from fxopt.registry import register_pass
 
 aten = torch.ops.aten
 fxops = torch.ops.fxopt
@@ -108,22 +103,12 @@ FOLD_RULES = (
     rule(linear_bn, linear_bn_folded, name="linear_bn", x=rank(2)),
 )
 
-@register_pass
-class FoldConvBN(RulePass):
-    """Fold eval-mode BatchNorm into the preceding Conv1d/2d/3d, ConvTranspose (groups=1) or
-    Linear (2-d input); new weights are new tensors, and a conv whose output is used
-    elsewhere is left alone."""
-
-    name = "fold_conv_bn"
-    rules = FOLD_RULES
-    inference_only = True
-
-    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
-        result = super().run(gm, ctx)
-        if result.changed:  # evaluate the folded weights now where they are constants
-            folded = ConstantFold().run(gm, ctx)
-            result.stats["constants_folded"] = folded.stats.get("folded", 0)
-        return result
+register_rules(
+    "fold_conv_bn", FOLD_RULES,
+    "Fold eval-mode BatchNorm into the preceding Conv1d/2d/3d, ConvTranspose (groups=1) or "
+    "Linear (2-d input); new weights are new tensors, and a conv whose output is used "
+    "elsewhere is left alone.",
+    inference_only=True, fold_constants=True)
 
 
 # --- fuse_conv_bn_relu -----------------------------------------------------------------------
@@ -192,7 +177,7 @@ register_rules(
     "fuse_conv_bn_relu", FUSE_CONV_RULES,
     "Fuse conv(+BN)(+residual add)+ReLU into one op: cuDNN's fused conv+bias(+add)+ReLU on "
     "CUDA, the ReLU in place elsewhere.",
-    inference_only=True, after=("fold_conv_bn",))
+    inference_only=True, fold_constants=True, after=("fold_conv_bn",))
 
 
 # --- fuse_add_relu, fuse_linear_relu -------------------------------------------------------
