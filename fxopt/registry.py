@@ -19,6 +19,9 @@ from fxopt.pass_protocol import Pass
 BUILTIN_PASS_MODULES: tuple[str, ...] = (
     "fxopt.passes.cleanup",
     "fxopt.patterns.stock",
+    "fxopt.passes.inplace",
+    "fxopt.memory.plan",
+    "fxopt.quant.passes",
 )
 
 _REGISTRY: dict[str, type[Pass]] = {}
