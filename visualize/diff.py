@@ -267,19 +267,23 @@ class _Matcher:
 
     def same_content(self, b: fx.Node, a: fx.Node) -> bool:
         same_target = _same_leaf(a.target, b.target) or str(a.target) == str(b.target)
-        if a.op != b.op or not same_target:
-            return False
-        old, new = _slots(b), _slots(a)
-        if old.keys() != new.keys():
-            return False
-        for slot, x in old.items():
-            y = new[slot]
-            if isinstance(x, fx.Node):
-                if not (isinstance(y, fx.Node) and (self.b2a.get(x) is y or y in self.standins.get(x, ()))):
-                    return False
-            elif isinstance(y, fx.Node) or not _same_leaf(x, y):
-                return False
-        return True
+        return (a.op == b.op and same_target and self._same_args(b.args, a.args)
+                and self._same_args(b.kwargs, a.kwargs))
+
+    def _same_args(self, old: Any, new: Any) -> bool:
+        """Equal argument structures, where an old node ref may be its pairing or a stand-in."""
+        if isinstance(old, fx.Node):
+            return isinstance(new, fx.Node) and (self.b2a.get(old) is new or new in self.standins.get(old, ()))
+        if isinstance(old, (tuple, list)):
+            return (type(old) is type(new) and len(old) == len(new)
+                    and all(self._same_args(x, y) for x, y in zip(old, new)))
+        if isinstance(old, dict):
+            return (isinstance(new, dict) and old.keys() == new.keys()
+                    and all(self._same_args(v, new[k]) for k, v in old.items()))
+        if isinstance(old, slice):
+            return isinstance(new, slice) and self._same_args((old.start, old.stop, old.step),
+                                                              (new.start, new.stop, new.step))
+        return not isinstance(new, fx.Node) and _same_leaf(old, new)
 
 
 def diff_graphs(before: GraphLike, after: GraphLike) -> GraphDiff:
@@ -330,16 +334,17 @@ def diff_graphs(before: GraphLike, after: GraphLike) -> GraphDiff:
 
 
 def _focus(adjacency: dict[str, set[str]], seeds: set[str], hops: int, hub_degree: int) -> set[str]:
-    """``seeds`` plus everything within ``hops`` steps; hubs are shown but not walked through
-    (a placeholder read by a thousand nodes would otherwise pull in all of them)."""
+    """``seeds`` plus everything within ``hops`` steps, except hubs (more than
+    ``hub_degree`` neighbours) that are not themselves changed: a placeholder read by a
+    thousand nodes, or the output, would tie every change into one sprawling layout."""
     shown = set(seeds)
     frontier = deque((s, 0) for s in seeds)
     while frontier:
         key, depth = frontier.popleft()
-        if depth >= hops or (depth > 0 and len(adjacency[key]) > hub_degree):
+        if depth >= hops:
             continue
         for other in adjacency[key]:
-            if other not in shown:
+            if other not in shown and len(adjacency[other]) <= hub_degree:
                 shown.add(other)
                 frontier.append((other, depth + 1))
     return shown
@@ -379,10 +384,12 @@ def diff_to_dot(
         shown = set(status)
     else:
         seeds = {k for k, s in status.items() if s != UNCHANGED}
-        seeds |= {end for s, d, st in edges if st != KEPT for end in (s, d)}
+        seeds |= {end for s, d, st in edges if st == REWIRED for end in (s, d)}
         shown = _focus(adjacency, seeds, int(hops), hub_degree)
 
     builder = DotBuilder(title, id_prefix, rankdir)
+    if hops is not None:  # scattered changes: lay out each island on its own, then pack
+        builder.dot.graph_attr["pack"] = "true"
     for key in status:  # after order first, then removed nodes: a stable layout
         if key not in shown:
             continue

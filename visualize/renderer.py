@@ -69,8 +69,8 @@ def _which(name: str) -> str | None:
 def format_of(path: Path, fmt: str | None) -> str:
     fmt = fmt or _SUFFIXES.get(path.suffix.lower())
     if fmt not in FORMATS:
-        raise ValueError(f"cannot tell the output format of {str(path)!r}: give a .svg, .png, "
-                         f".dot or .gv path, or format= one of {FORMATS}")
+        raise RenderError(f"cannot tell the output format of {str(path)!r}: give a .svg, .png, "
+                          f".dot or .gv path, or format= one of {FORMATS}")
     return fmt
 
 

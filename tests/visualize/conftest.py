@@ -1,4 +1,6 @@
-"""Headless Chromium for the report tests: found, or installed with apt-get on CI.
+"""Fixtures for the visualize tests: the Graphviz renderer and a headless Chromium.
+
+Chromium is found, or installed with apt-get on CI.
 
 CI runs as root on a fresh Debian machine, so the set-up installs Debian's ``chromium``
 package once (under a file lock: two xdist workers may ask at the same time). Elsewhere
@@ -56,14 +58,16 @@ def find_or_install_chromium() -> str:
 
 @dataclass
 class PageLoad:
-    """What Chromium saw when it loaded a page: the DOM after scripts ran, the console."""
+    """What Chromium saw when it loaded a page: the DOM after scripts ran, and every
+    console message (Chromium logs them all at INFO level, errors and uncaught
+    exceptions included, so the level cannot tell them apart: callers that expect a
+    silent page assert that there are none)."""
 
     dom: str
     console: list[str]
-    errors: list[str]
 
 
-_CONSOLE = re.compile(r'CONSOLE\((\d+)\)\] "(.*)", source: (.*)$|:CONSOLE:?\d*\] "?(.*)')
+_CONSOLE = re.compile(r':CONSOLE[:(]?\d*\)?\] "(.*)", source: ')
 
 
 def _run(binary: str, page: Path, extra: list[str], profile: str, timeout: float) -> subprocess.CompletedProcess:
@@ -73,14 +77,28 @@ def _run(binary: str, page: Path, extra: list[str], profile: str, timeout: float
 
 def load(binary: str, page: Path, screenshot: Path | None = None,
          window: str = "1400,2400", timeout: float = 90) -> PageLoad:
-    """Open ``page`` in headless Chromium; return its DOM and console messages."""
+    """Open ``page`` in headless Chromium (a fresh profile); its DOM and console messages."""
     with tempfile.TemporaryDirectory(prefix="fxopt-chromium-") as profile:
         done = _run(binary, page, ["--dump-dom", "--virtual-time-budget=2000"], profile, timeout)
         if screenshot is not None:
-            _run(binary, page, [f"--screenshot={screenshot}", f"--window-size={window}",
-                                "--hide-scrollbars"], profile, timeout)
-    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
-    errors = [line for line in console if "ERROR" in line.split("CONSOLE")[0] or "Uncaught" in line]
-    if done.returncode != 0 and not done.stdout:
+            shot = _run(binary, page, [f"--screenshot={screenshot}", f"--window-size={window}",
+                                       "--hide-scrollbars"], profile, timeout)
+            if not screenshot.exists():
+                raise RuntimeError(f"chromium wrote no screenshot: {shot.stderr[-2000:]}")
+    if not done.stdout:
         raise RuntimeError(f"chromium failed ({done.returncode}): {done.stderr[-2000:]}")
-    return PageLoad(done.stdout, console, errors)
+    console = [m.group(1) for m in map(_CONSOLE.search, done.stderr.splitlines()) if m]
+    return PageLoad(done.stdout, console)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    return find_or_install_chromium()
+
+
+@pytest.fixture(scope="session")
+def renderer() -> str:
+    """graphviz-pure comes with the [test] extra: its absence is a broken set-up, not a skip."""
+    from fxopt.visualize import find_renderer
+
+    return find_renderer()
