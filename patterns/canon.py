@@ -261,6 +261,18 @@ _BN_TUPLE_OPS: dict[Any, Callable[[tuple, dict], list | None]] = {
 
 # --- modules ------------------------------------------------------------------------
 
+class CalledModule:
+    """A module called inside a pattern function, recorded as a call of this wrapper (a
+    pattern has no module tree to install it in)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.__name__ = type(module).__name__.lower()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
 def _param(owner: str | None, module: nn.Module, attr: str) -> Any:
     """``ParamRef`` for a module's tensor attribute; None stays None. In a pattern (no
     owner) module tensors cannot be referenced."""
@@ -363,8 +375,8 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
         if func is None or not callable(func):
             return Canon(str(target), (*args, *sorted(kwargs.items())), str(target).endswith("_"))
         return _generic(func, tuple(args), dict(kwargs)) or Canon(target, tuple(args))
-    if isinstance(target, nn.Module):  # a parameter-free module called inside a pattern
-        return canonicalize_module(target, None, tuple(args), dict(kwargs))
+    if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
+        return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
     return _generic(target, tuple(args), dict(kwargs))
 
 
@@ -408,7 +420,7 @@ def quick_op(node: fx.Node) -> str | None:
             return None
         if entry is not None:
             return entry[0]
-        if isinstance(node.target, nn.Module):
+        if isinstance(node.target, CalledModule):
             canon = canonicalize(node)
             return canon.op if canon else None
         name = _base_name(node.target)

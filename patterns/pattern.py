@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.fx as fx
 import torch.nn as nn
-from fxopt.patterns.canon import Canon, canonicalize
+from fxopt.patterns.canon import CalledModule, Canon, canonicalize
 
 from fxopt.errors import PatternError
 
@@ -42,7 +42,7 @@ class _PatternTracer(fx.Tracer):
                 f"{type(m).__name__} has parameters or buffers; in a pattern, write the "
                 "functional form (F.conv2d(x, w, b, ...)) with the tensors as pattern arguments"
             )
-        return self.create_proxy("call_function", m, args, kwargs)
+        return self.create_proxy("call_function", CalledModule(m), args, kwargs)
 
 
 def _signature(fn: Callable) -> str:
