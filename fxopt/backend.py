@@ -162,6 +162,8 @@ class CompiledGraph:
     frozen: list[str]
     #: the torch-level report (None when the graph fell back before passes ran)
     report: Report | None
+    #: the Python code of the torch-level graph handed to Inductor (None on fallback)
+    code: str | None = None
     #: why this graph was compiled by plain Inductor, or None
     fallback: str | None = None
     #: (Inductor hook, report) of every ATen-level pipeline run for this graph
@@ -221,7 +223,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             raise
         return _fallback(gm, example_inputs, opts, training, name, exc)
     frozen = freeze_record.stats.get("frozen", [])
-    record = CompiledGraph(name, training, frozen, report)
+    record = CompiledGraph(name, training, frozen, report, work.code)
     if opts.reports is not None:
         opts.reports.append(record)
     patches = opts.inductor_patches(frozen=bool(frozen), training=training, sink=record.aten_reports)

@@ -1,0 +1,161 @@
+"""The fxopt Dynamo backend on Inductor's CPU code generation: freezing, training graphs,
+graph breaks, dynamic shapes, soundness of freezing around writes."""
+
+import copy
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxopt
+from fxopt.testing import assert_equivalent
+
+
+class ConvNet(nn.Module):
+    """Conv-BN-ReLU, dropout, and a scale that depends only on a parameter: constant
+    folding can only remove it once parameters are constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(8, 4)
+        self.gate = nn.Parameter(torch.randn(4))
+        with torch.no_grad():  # non-trivial statistics, so a wrong fold would show
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.conv(x)))
+        x = self.drop(x.mean((2, 3)))
+        return self.head(x) * (torch.sigmoid(self.gate) * 2)
+
+
+def test_backend_is_registered_under_its_name():
+    assert "fxopt" in torch._dynamo.list_backends()
+
+
+def test_inference_graph_freezes_weights_so_weight_passes_apply():
+    model = ConvNet().eval()
+    reports = []
+    compiled = torch.compile(model, backend="fxopt", options={"reports": reports})
+    assert_equivalent(model, compiled, (torch.randn(2, 3, 8, 8),))
+    assert_equivalent(model, compiled, (torch.randn(2, 3, 8, 8),))
+
+    (graph,) = reports
+    assert not graph.training and graph.fallback is None
+    assert any("conv_parameters_weight" in name for name in graph.frozen)
+    assert any("running_mean" in name for name in graph.frozen)
+    # with constant weights the passes could fold BatchNorm into the conv and evaluate
+    # the parameter-only subexpression ahead of time; dropout is gone
+    for gone in ("batch_norm", "sigmoid", "dropout"):
+        assert gone not in graph.code, gone
+    assert "_folded" in graph.code
+    placeholders = [line for line in graph.code.splitlines() if line.startswith("def forward")]
+    assert "parameters" not in placeholders[0] and "buffers" not in placeholders[0]
+
+
+def test_training_graph_is_left_to_autograd():
+    model = ConvNet().train()
+    model.drop.p = 0.0  # deterministic, so gradients compare exactly
+    reference = copy.deepcopy(model)
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports})
+    x = torch.randn(4, 3, 8, 8)
+    compiled(x).square().sum().backward()
+    reference(x).square().sum().backward()
+
+    (graph,) = reports
+    assert graph.training and graph.frozen == []
+    skipped = {r.name: r.skipped for _, r in graph.report.walk() if r.skipped}
+    assert "inference-only" in skipped["constant_fold"]
+    assert "training graph" in skipped["freeze_parameters"]
+    assert "sigmoid" in graph.code  # the parameter still gets its gradient through it
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # BatchNorm's running statistics were updated exactly as in eager
+    torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
+
+
+class BrokenNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(x) * torch.tanh(self.b.bias).sum()
+
+
+def test_graph_breaks_compile_each_graph():
+    model = BrokenNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports})
+    assert_equivalent(model, compiled, (torch.randn(5, 6),))
+    assert len(reports) == 2
+    assert all(g.frozen and g.fallback is None for g in reports)
+    assert "tanh" not in reports[1].code  # computed from a frozen bias ahead of time
+
+
+class FlattenNet(nn.Module):
+    """Shape-dependent code: a flatten through view, a reshape that is an identity only
+    for this layout, and a size-derived scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 5 * 5, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y.reshape(y.shape[0], 4, 5, 5)
+        flat = y.view(y.shape[0], -1) / y.shape[0]
+        return self.head(flat)
+
+
+def test_dynamic_shapes_one_graph_serves_every_batch_size():
+    model = FlattenNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports}, dynamic=True)
+    # (batch 1 would recompile under plain Inductor too: Dynamo specializes sizes 0 and 1)
+    for batch in (3, 8, 5, 12):
+        assert_equivalent(model, compiled, (torch.randn(batch, 2, 5, 5),))
+    # nothing a pass did specialized the graph to a batch size: no recompile happened
+    assert len(reports) == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert re.search(r"def forward\(self, s\d+ : torch.SymInt", reports[0].code)  # batch size
+
+
+class CountingNet(nn.Module):
+    """Writes a buffer in place and runs BatchNorm in training mode without autograd: the
+    written buffers must stay inputs, or the model's state would silently stop changing."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.bn(self.lin(x)) + self.calls
+
+
+def test_written_buffers_are_not_frozen():
+    model = CountingNet().train()
+    reference = copy.deepcopy(model)
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports})
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(6, 4)
+            torch.testing.assert_close(compiled(x), reference(x))
+    (graph,) = reports
+    assert any("lin_parameters_weight" in name for name in graph.frozen)
+    assert not any("calls" in n or "running" in n for n in graph.frozen)
+    assert model.calls.item() == 2
+    torch.testing.assert_close(model.bn.running_var, reference.bn.running_var)
