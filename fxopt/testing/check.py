@@ -17,7 +17,7 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from fxopt.errors import EquivalenceError
+from fxopt.errors import EquivalenceError, FxoptError
 from fxopt.testing.equivalence import assert_equivalent
 from fxopt.testing.inputs import random_inputs
 from fxopt.testing.minimize import minimize, node_count, pass_breaks
@@ -34,7 +34,8 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
 
     ``model`` may be a zoo case instance (the ``fx_case`` fixture: its inputs and
     tolerances are used unless given), a GraphModule or an ``nn.Module`` (traced).
-    ``inputs`` default to random ones drawn from the graph's placeholders. With
+    ``inputs`` default to random ones drawn from the graph's placeholders; the result is
+    also compared on a second, fresh draw that the passes never saw. With
     ``artifacts`` set, a failure writes ``repro.py``, ``minimized_graph.py``,
     ``diff.txt`` (and ``diff.svg``) and ``error.txt`` under ``artifacts/<name>/``.
     """
@@ -54,6 +55,9 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
     optimized = optimize(gm, passes=passes, example_inputs=inputs)
     try:
         assert_equivalent(gm, optimized, inputs, rtol=rtol, atol=atol, seed=seed)
+        fresh = _fresh_inputs(gm, seed + 1)
+        if fresh is not None:  # inputs the passes never saw: catches baked-in example values
+            assert_equivalent(gm, optimized, fresh, rtol=rtol, atol=atol, seed=seed)
     except EquivalenceError as exc:
         if artifacts is not None:
             where = write_artifacts(Path(artifacts) / _safe(name or "check_pass"), gm, optimized,
@@ -62,6 +66,13 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
             exc.args = (f"{exc.args[0]}\nartifacts (repro.py, minimized graph, diff): {where}",)
         raise
     return optimized
+
+
+def _fresh_inputs(gm: fx.GraphModule, seed: int) -> tuple[Any, ...] | None:
+    try:
+        return random_inputs(gm, seed=seed)
+    except FxoptError:  # placeholders without shapes: only the given inputs can be used
+        return None
 
 
 def _safe(name: str) -> str:
