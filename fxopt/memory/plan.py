@@ -39,10 +39,19 @@ PLAN_KEY = "fxopt.memory_plan"
 
 @dataclass
 class Slot:
-    """Where one planned storage lives: ``offset`` bytes into the arena, ``size`` bytes."""
+    """Where one planned storage lives: ``offset`` bytes into the arena, ``size`` bytes.
+
+    ``owner`` is true for the node that creates the storage; the others are its views
+    and the in-place ops that write it.
+    """
 
     offset: int
     size: int
+    owner: bool = True
+    #: the storage lives inside a ``cat`` output's buffer (concat-aware placement)
+    hosted: bool = False
+    #: index into ``MemoryPlan.buffers`` of the buffer holding this storage
+    buffer: int = -1
 
 
 @dataclass
@@ -308,11 +317,13 @@ def build_plan(gm: fx.GraphModule, alias: AliasInfo, live: Liveness, order: dict
     for b, offset in zip(buffers, solution.offsets):
         b.offset = offset
     offset_of = {id(g): b.offset for g, b in zip(top, buffers)}
+    index_of = {id(g): i for i, g in enumerate(top)}
     slots: dict[str, Slot] = {}
     for g in groups:
         root, inside = _root(g)
         for n in g.nodes:
-            slots[n.name] = Slot(offset_of[id(root)] + inside, g.nbytes)
+            slots[n.name] = Slot(offset_of[id(root)] + inside, g.nbytes, owner=n is g.nodes[0],
+                                 hosted=g.parent is not None, buffer=index_of[id(root)])
     plan = MemoryPlan(
         buffers=buffers, arena_bytes=arena_size(buffers), lower_bound_bytes=lower_bound(buffers),
         naive_bytes=sum(g.nbytes for g in groups), lower_bound_before_concat=bound_before,
