@@ -73,8 +73,8 @@ def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | No
 
     ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. Uses
     ``torch._int_mm`` (int8 tensor cores, int32 accumulation) where it is allowed and
-    otherwise an exact float emulation: int8 values are exact in bf16/fp16/fp32 and the
-    GEMM accumulates in fp32, so small M never errors and only loses speed.
+    otherwise the weight-only kernel on the int8-valued activations (exact products,
+    fp32 accumulation), so small M never errors.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     x2d = x.reshape(-1, k)
@@ -82,11 +82,14 @@ def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | No
     xq = quantize(x2d, x_scale, torch.zeros((), device=x.device), -INT8_SYMMETRIC_MAX,
                   INT8_SYMMETRIC_MAX)
     if int_mm_allowed(x2d, w):
-        acc = torch._int_mm(xq, w.t()).to(torch.float32)
+        acc = torch._int_mm(xq, w.t()).to(torch.float32) * w_scale
     else:
-        compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda else torch.float32
-        acc = torch.mm(xq.to(compute), w.t().to(compute)).to(torch.float32)
-    out = acc * x_scale * w_scale
+        # int8 values are exact in bf16 (and fp32 on CPU), and the weight-only kernel
+        # accumulates in fp32 without writing a converted weight; fp16 would overflow
+        exact = torch.bfloat16 if x.is_cuda else torch.float32
+        acc = torch.ops.fxopt_quant.int8_weight_only_linear(xq.to(exact), w, w_scale, None)
+        acc = acc.to(torch.float32)
+    out = acc * x_scale
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(x.dtype).reshape(*lead, w.shape[0])

@@ -24,14 +24,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: rows of x up to which the CUDA-core GEMV beats a tensor-core tile
-GEMV_MAX_M = 8
+#: rows of x up to which the CUDA-core GEMV beats the tensor-core tile (measured on an
+#: H100: at M = 4 and 8 the GEMM kernel was 1.3x and 2.4x faster, see bench/RESULTS.md)
+GEMV_MAX_M = 2
 
 
 def _gemv_configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
             for bn, bk, w in [(8, 256, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4),
-                              (8, 512, 4), (32, 128, 4), (64, 128, 8), (16, 1024, 8)]]
+                              (8, 512, 4), (32, 128, 4), (64, 128, 8), (16, 1024, 8),
+                              (4, 1024, 4), (8, 1024, 8), (32, 512, 8), (64, 256, 8)]]
 
 
 @triton.jit

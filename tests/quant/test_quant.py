@@ -1,0 +1,279 @@
+"""fxopt.quant on CPU: observer math, QDQ numerics, coverage of every matmul spelling,
+skip reasons, accuracy thresholds, dtypes, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxopt
+import fxopt.quant as fq
+from fxopt.quant.ops import ops
+
+torch.manual_seed(0)
+
+
+# ---------------------------------------------------------------- observers
+
+def test_minmax_affine_matches_reference_formula():
+    x = torch.randn(1000) * 3 + 1
+    obs = fq.MinMaxObserver(symmetric=False)
+    obs(x[:500])
+    obs(x[500:])
+    scale, zp = obs.qparams()
+    lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    assert scale.item() == pytest.approx((hi - lo) / 255, rel=1e-6)
+    assert zp.item() == -128 - round(lo / ((hi - lo) / 255))
+
+
+def test_per_channel_symmetric_matches_reference_formula():
+    w = torch.randn(8, 5, 3)
+    obs = fq.MinMaxObserver(symmetric=True, ch_axis=1)
+    obs(w)
+    scale, zp = obs.qparams()
+    expected = w.abs().amax(dim=(0, 2)) / 127
+    assert scale.shape == (1, 5, 1)
+    torch.testing.assert_close(scale.flatten(), expected)
+    assert torch.all(zp == 0)
+
+
+def test_moving_average_follows_ema():
+    obs = fq.MovingAverageObserver(averaging_constant=0.5)
+    obs(torch.tensor([-1.0, 1.0]))
+    obs(torch.tensor([-3.0, 5.0]))
+    lo, hi = obs.range()
+    assert (lo.item(), hi.item()) == (-2.0, 3.0)
+
+
+def test_histogram_percentile_matches_numpy():
+    x = torch.randn(200_000)
+    obs = fq.HistogramObserver(percentile=99.0)
+    obs(x[:100_000] * 0.5)  # a narrower first batch forces a re-binning
+    obs(x[100_000:])
+    data = torch.cat([x[:100_000] * 0.5, x[100_000:]]).numpy()
+    lo, hi = obs.range()
+    width = (data.max() - data.min()) / obs.bins
+    assert abs(lo.item() - np.percentile(data, 1.0)) < 3 * width
+    assert abs(hi.item() - np.percentile(data, 99.0)) < 3 * width
+
+
+def test_observer_without_data_raises():
+    with pytest.raises(fxopt.FxoptError, match="seen no data"):
+        fq.MinMaxObserver().qparams()
+
+
+# ---------------------------------------------------------------- QDQ numerics
+
+def test_quantize_dequantize_round_trip_error_is_half_a_step():
+    x = torch.randn(64, 32)
+    obs = fq.MinMaxObserver()
+    obs(x)
+    scale, zp = obs.qparams()
+    q = ops.quantize(x, scale, zp, -128, 127)
+    assert q.dtype == torch.int8
+    back = ops.dequantize(q, scale, zp, torch.float32)
+    assert (back - x).abs().max().item() <= scale.item() / 2 + 1e-6
+    assert ops.dequantize(ops.quantize(torch.zeros(3), scale, zp, -128, 127), scale, zp, torch.float32).abs().max() == 0
+
+
+def test_dynamic_linear_matches_quantized_reference():
+    x, w = torch.randn(5, 64), torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    s, b = torch.rand(16) / 100, torch.randn(16)
+    xs = x.abs().amax(-1, keepdim=True) / 127
+    xq = torch.clamp(torch.round(x / xs), -127, 127)
+    expected = (xq @ w.float().t()) * xs * s + b
+    torch.testing.assert_close(ops.int8_dynamic_linear(x, w, s, b), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- spellings and coverage
+
+class Spellings(nn.Module):
+    """One of each matmul spelling, all with constant weights, plus a dynamic matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 48)
+        self.w_mm = nn.Parameter(torch.randn(48, 40) / 7)
+        self.w_lin = nn.Parameter(torch.randn(40, 40) / 7)
+        self.b = nn.Parameter(torch.randn(40))
+        self.w_bmm = nn.Parameter(torch.randn(2, 20, 20) / 5)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.w_conv = nn.Parameter(torch.randn(4, 8, 1, 1) / 3)
+
+    def forward(self, x, img):
+        h = self.lin(x)
+        h = h @ self.w_mm
+        h = torch.mm(h, self.w_lin.t())
+        h = torch.addmm(self.b, h, self.w_lin)
+        h = F.linear(h, self.w_lin)
+        h = torch.matmul(h, self.w_lin)
+        g = torch.bmm(h.reshape(2, -1, 20), self.w_bmm).reshape(h.shape)
+        att = g @ g.t()  # no constant operand: not a site
+        c = F.conv2d(self.conv(img), self.w_conv)
+        return att.sum(-1, keepdim=True) + g + c.mean()
+
+
+def _inputs():
+    return torch.randn(8, 32), torch.randn(2, 3, 8, 8)
+
+
+@pytest.mark.parametrize("mode", fq.MODES)
+def test_every_torch_spelling_is_quantized(mode):
+    model, inputs = Spellings().eval(), _inputs()
+    data = [_inputs() for _ in range(4)] + [inputs]
+    q = fq.quantize_model(model, inputs, mode, calibration_data=data)
+    summary = fq.summary_of(q)
+    kinds = {r.kind for r in summary.sites if r.mode}
+    assert kinds == {"linear", "matmul", "addmm", "bmm", "conv"}
+    assert summary.coverage == 1.0
+    assert summary.skipped == {"matmul_2": "the weight is not a constant (it is computed or a graph input)"}
+    # w_lin is used by four spellings, two as [N, K] and two as [K, N]: one int8 copy per
+    # orientation (the per-channel axis differs), each shared by two sites
+    int8 = [n for n, b in q.named_buffers() if b.dtype == torch.int8]
+    assert sum("w_lin" in n for n in int8) == 2
+    assert sum(r.shared_with is not None for r in summary.sites) == 2
+    assert not any(n.op == "call_module" for n in q.graph.nodes)
+    report = fq.accuracy_report(model, q, inputs)
+    assert report.min_layer_sqnr >= 30 and report.end_to_end.sqnr >= 30
+
+
+def test_aten_level_graph_from_export():
+    model, inputs = Spellings().eval(), _inputs()
+    gm = torch.export.export(model, inputs).module()
+    q = fq.quantize_model(gm, inputs, "int8_dynamic")
+    summary = fq.summary_of(q)
+    assert summary.coverage == 1.0
+    assert {r.kind for r in summary.sites if r.mode} >= {"linear", "matmul", "bmm", "conv"}
+    assert fq.sqnr(model(*inputs), q(*inputs)) >= 30
+
+
+def test_skip_list_keep_first_last_and_overrides_are_reported():
+    model, inputs = Spellings().eval(), _inputs()
+    q = fq.quantize_model(model, inputs, "int8_weight_only", keep_first_last=True,
+                          skip="addmm", overrides="bmm=int8_dynamic;linear=float")
+    by_name = {r.name: r for r in fq.summary_of(q).sites}
+    assert by_name["lin"].reason == "kept in float: first layer (keep_first_last)"
+    assert by_name["conv2d"].reason == "kept in float: last layer (keep_first_last)"
+    assert by_name["addmm"].reason == "in the skip list ('addmm')"
+    assert by_name["linear"].reason == "kept in float by override 'linear=float'"
+    assert by_name["bmm"].mode == "int8_dynamic" and by_name["matmul"].mode == "int8_weight_only"
+    assert isinstance(q.get_submodule("lin"), nn.Linear)  # still float
+
+
+def test_unsupported_dtype_is_skipped_with_reason():
+    class IntMatmul(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.randint(0, 3, (4, 4)))
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, i):
+            return self.lin(x), i @ self.w
+
+    q = fq.quantize_model(IntMatmul().eval(), (torch.randn(2, 4), torch.randint(0, 3, (2, 4))))
+    assert fq.summary_of(q).skipped == {"matmul": "weight dtype torch.int64 is not float32/float16/bfloat16"}
+
+
+# ---------------------------------------------------------------- accuracy targets
+
+def _mlp(dtype=torch.float32):
+    return nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                         nn.Linear(256, 10)).to(dtype).eval()
+
+
+def test_weight_only_meets_sqnr_targets_and_matches_dequantized_reference():
+    model, x = _mlp(), torch.randn(64, 128)
+    q = fq.quantize_model(model, (x,), "int8_weight_only")
+    report = fq.accuracy_report(model, q, (x,))
+    assert report.min_layer_sqnr >= 40 and report.end_to_end.sqnr >= 35
+    assert report.end_to_end.top1 >= 0.95
+    # the same network with every weight replaced by its dequantized int8 weight
+    ref = _mlp()
+    ref.load_state_dict(model.state_dict())
+    for i in (0, 2, 4):
+        name = f"{i}_weight"
+        w = getattr(q, f"{name}_int8").float() * getattr(q, f"{name}_scale")[:, None]
+        ref[i].weight = nn.Parameter(w)
+    fresh = torch.randn(16, 128)
+    torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
+
+
+def test_static_and_dynamic_meet_30db_on_a_conv_net():
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2),
+                        nn.ReLU(), nn.Flatten(), nn.Linear(32 * 7 * 7, 10)).eval()
+    x = torch.randn(8, 3, 16, 16)
+    calib = [torch.randn(8, 3, 16, 16) for _ in range(8)]
+    for mode, observer in (("int8_static", "minmax"), ("int8_static", "histogram"), ("int8_dynamic", "minmax")):
+        q = fq.quantize_model(net, (x,), mode, calibration_data=calib, observer=observer)
+        assert fq.accuracy_report(net, q, (x,)).end_to_end.sqnr >= 30, (mode, observer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", fq.MODES)
+def test_half_precision_models(dtype, mode):
+    model, x = _mlp(dtype), torch.randn(16, 128, dtype=dtype)
+    q = fq.quantize_model(model, (x,), mode, calibration_data=[(x,)])
+    out = q(x)
+    assert out.dtype == dtype
+    assert fq.sqnr(model.float()(x.float()), out.float()) >= 25  # bf16 itself is ~40 dB
+
+
+def test_dynamic_min_tokens_routes_by_rows():
+    model, x = _mlp(), torch.randn(32, 128)
+    q = fq.quantize_model(model, (x,), "int8_weight_only", dynamic_min_tokens=16)
+    assert any(n.target is ops.int8_linear.default for n in q.graph.nodes)
+    wo = fq.quantize_model(model, (x,), "int8_weight_only")
+    dyn = fq.quantize_model(model, (x,), "int8_dynamic")
+    torch.testing.assert_close(q(x[:4]), wo(x[:4]))
+    torch.testing.assert_close(q(x), dyn(x))
+
+
+def test_compile_fullgraph_cpu():
+    model, x = _mlp(), torch.randn(4, 128)
+    for mode in ("int8_weight_only", "int8_dynamic"):
+        q = fq.quantize_model(model, (x,), mode)
+        torch.testing.assert_close(torch.compile(q, fullgraph=True, backend="aot_eager")(x), q(x))
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_calibrating_with_no_data_is_a_clear_error():
+    gm = fxopt.optimize(_mlp(), ["insert_observers"], example_inputs=(torch.randn(2, 128),))
+    with pytest.raises(fxopt.InputError, match="no calibration data"):
+        fq.calibrate(gm, [])
+    with pytest.raises(fxopt.InputError, match="no calibration data"):
+        fq.quantize_model(_mlp(), (torch.randn(2, 128),), "int8_static")
+
+
+def test_static_without_observers_is_a_clear_error_and_leaves_graph_untouched():
+    gm = fx.symbolic_trace(_mlp())
+    before = gm.code
+    with pytest.raises(fxopt.PassError, match="insert_observers"):
+        fxopt.optimize(gm, ["quantize{mode=int8_static}"], example_inputs=(torch.randn(2, 128),),
+                       inplace=True)
+    assert gm.code == before
+
+
+def test_missing_example_inputs_names_the_placeholder():
+    gm = fx.symbolic_trace(_mlp())
+    with pytest.raises(fxopt.FxoptError, match="input"):
+        fxopt.optimize(gm, ["quantize"])
+
+
+def test_textual_pipeline_and_observer_counts():
+    model = Spellings().eval()
+    gm = fxopt.optimize(model, ["insert_observers{observer=moving_average}"], example_inputs=_inputs())
+    observers = [m for m in gm.modules() if isinstance(m, fq.Observer)]
+    assert len(observers) == 9  # one per constant-weight site, each with its own activation
+    n = fq.calibrate(gm, [_inputs() for _ in range(3)], progress=False)
+    assert n == 3 and all(o.batches == 3 for o in observers)
+    q = fxopt.optimize(gm, ["quantize{mode=int8_static}"], example_inputs=_inputs())
+    assert not any(isinstance(m, fq.Observer) for m in q.modules())
+    assert fq.accuracy_report(model, q, _inputs()).end_to_end.sqnr >= 20  # 9 chained static layers
+    assert math.isfinite(fq.accuracy_report(model, q, _inputs()).end_to_end.cosine)
