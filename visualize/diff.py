@@ -408,7 +408,7 @@ def diff_to_dot(
         if hidden:
             rows.append((labels.html_text(f"+{hidden} neighbours not shown"), "note"))
         fill, border = NODE_STYLE[st]
-        attrs = {"fillcolor": fill, "color": border, "class": f"fx-node fx-diff-{st}",
+        attrs = {"fillcolor": fill, "color": border, "class": f"fx_node fx_diff_{st}",
                  "tooltip": labels.tooltip(node, root)}
         if st == REMOVED:
             attrs["style"] = "rounded,filled,dashed"
@@ -416,7 +416,7 @@ def diff_to_dot(
             attrs["penwidth"] = "2"
         builder.add(Item(key, labels.table(rows), module_path(node), attrs))
     for s, d, st in edges:
-        attrs = {"color": EDGE_STYLE[st], "class": f"fx-edge-{st}"}
+        attrs = {"color": EDGE_STYLE[st], "class": f"fx_edge_{st}"}
         if st == REMOVED:
             attrs["style"] = "dashed"
         elif st != KEPT:
@@ -440,7 +440,7 @@ def _legend(diff: GraphDiff, note: str, prefix: str) -> str:
         rows.append(f'<TR><TD COLSPAN="2" ALIGN="LEFT"><FONT POINT-SIZE="9">{labels.html_text(note)}'
                     '</FONT></TD></TR>')
     label = '<<TABLE BORDER="1" COLOR="#d1d5db" CELLBORDER="0" CELLSPACING="2">' + "".join(rows) + "</TABLE>>"
-    return f'{prefix}legend [id="{prefix}legend" class="fx-legend" shape=plaintext style="" label={label}]'
+    return f'{prefix}legend [id="{prefix}legend" class="fx_legend" shape=plaintext style="" label={label}]'
 
 
 def render_diff(

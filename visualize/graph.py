@@ -2,8 +2,10 @@
 
 The DOT is built with the ``graphviz`` package (it quotes attributes); labels come from
 :mod:`fxopt.visualize.labels`. Node ids in the DOT are generated (``n0``, ``n1``...)
-so that no node name ever has to be a DOT identifier. Node names, ops and classes land
-in the SVG as ``class`` attributes, which is what the HTML report and tests select on.
+so that no node name ever has to be a DOT identifier. Nodes carry ``class`` attributes
+into the SVG (``fx_node fx_op_call_function``; diffs add ``fx_diff_added``...,
+``fx_edge_rewired``...) for CSS and for tests to select on; they use underscores because
+Graphviz writes a ``-`` in a class as ``&#45;``.
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ def to_dot(
             continue
         rows = labels.node_rows(node, root, label_width, show_args)
         attrs = {"fillcolor": labels.op_colour(node.op), "tooltip": labels.tooltip(node, root),
-                 "class": f"fx-node fx-op-{node.op}"}
+                 "class": f"fx_node fx_op_{node.op}"}
         if node.name in values:
             value = values[node.name]
             attrs["fillcolor"] = scale_colour((value - low) / span)
@@ -201,7 +203,7 @@ def to_dot(
         total = sum(values.get(n.name, 0.0) for n in members)
         rows = [(labels.html_text(".".join(path), label_width), "title"),
                 (labels.html_text(f"{len(members)} nodes collapsed"), "note")]
-        attrs = {"fillcolor": "#e0e7ff", "class": "fx-collapsed", "style": "rounded,filled,bold",
+        attrs = {"fillcolor": "#e0e7ff", "class": "fx_collapsed", "style": "rounded,filled,bold",
                  "tooltip": labels.attr_text(", ".join(n.name for n in members))}
         if values:
             attrs["fillcolor"] = scale_colour((total - low) / span)

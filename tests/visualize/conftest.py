@@ -97,6 +97,12 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="session")
+def browser(chromium: str):
+    """``browser(page, screenshot=None) -> PageLoad``: open a page in headless Chromium."""
+    return lambda page, screenshot=None: load(chromium, page, screenshot)
+
+
+@pytest.fixture(scope="session")
 def renderer() -> str:
     """graphviz-pure comes with the [test] extra: its absence is a broken set-up, not a skip."""
     from fxopt.visualize import find_renderer

@@ -29,7 +29,7 @@ def svg_texts(svg: str) -> list[str]:
     return ["".join(t.itertext()).replace(WORD_JOINER, "") for t in root.iter(f"{SVG}text")]
 
 
-def svg_nodes(svg: str, cls: str = "fx-node") -> list[ET.Element]:
+def svg_nodes(svg: str, cls: str = "fx_node") -> list[ET.Element]:
     root = ET.fromstring(svg.encode("utf-8"))
     return [g for g in root.iter(f"{SVG}g") if cls in g.get("class", "").split()]
 
@@ -133,7 +133,7 @@ def test_module_clusters_and_collapsing(renderer: str) -> None:
     assert {"block", "block.0", "block.4", "stem", "head"} <= clusters
     full = len(svg_nodes(svg))
     collapsed = render(gm, "svg", collapse_depth=0)
-    boxes = svg_nodes(collapsed, "fx-collapsed")
+    boxes = svg_nodes(collapsed, "fx_collapsed")
     names = {svg_texts_of(g)[0] for g in boxes}
     assert {"block", "stem", "bn", "head"} <= names
     inside_block = sum(1 for n in gm.graph.nodes if n.meta.get("nn_module_stack") and any(
