@@ -827,6 +827,40 @@ OP_KINDS: tuple[str, ...] = tuple(OPS)
 _SEED = st.integers(0, 2**16)
 
 
+def build_graph(choices: bytes, seed: int = 0, *, dtype: torch.dtype = torch.float32,
+                ops: Iterable[str] | None = None, max_inputs: int = 3) -> fx.GraphModule:
+    """The graph that ``choices`` describe: the first ``_CHUNK`` bytes choose the inputs,
+    each further chunk one op. Deterministic; :func:`fx_graphs` draws the bytes.
+
+    ``gm.meta['fxopt.op_kinds']`` lists the op kind each chunk became (``relu`` where the
+    drawn kind did not apply).
+    """
+    kinds = list(OP_KINDS if ops is None else ops)
+    unknown = sorted(set(kinds) - set(OPS))
+    if unknown:
+        raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OP_KINDS)}")
+    b = _Builder(choices, dtype, seed)
+    b.start_op(0)
+    for _ in range(b.integer(1, max_inputs)):
+        b.placeholder(tuple(b.integer(1, 6) for _ in range(b.integer(1, 4))))
+    applied = []
+    for index in range(1, max(len(choices) // _CHUNK, 1)):
+        b.start_op(index)
+        kind = kinds[b.integer(0, len(kinds) - 1)]
+        operand = b.values[-1] if not b.flag() else b.pick(b.values)
+        if OPS[kind](b, operand) is None:
+            kind = "relu"
+            OPS[kind](b, operand)
+        applied.append(kind)
+    sinks = [v for v in b.values if not v.node.users and v.node.op != "placeholder"]
+    dead = random.Random(seed)  # which unused values stay dead code (for dce to find)
+    outputs = [sinks[-1]] + [v for v in sinks[:-1] if dead.random() < 0.7] if sinks else [b.values[0]]
+    b.graph.output(tuple(v.node for v in outputs))
+    gm = fx.GraphModule(b.root, b.graph)
+    gm.meta["fxopt.op_kinds"] = applied
+    return gm
+
+
 @st.composite
 def fx_graphs(draw: Callable[[st.SearchStrategy], Any], min_ops: int = 1, max_ops: int = 20, *,
               dtype: torch.dtype = torch.float32, ops: Iterable[str] | None = None,
@@ -838,26 +872,12 @@ def fx_graphs(draw: Callable[[st.SearchStrategy], Any], min_ops: int = 1, max_op
     on purpose); parameters are buffers read with ``get_attr``. Draw inputs with
     :func:`inputs_for`.
     """
-    kinds = list(OP_KINDS if ops is None else ops)
-    unknown = sorted(set(kinds) - set(OPS))
-    if unknown:
-        raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OP_KINDS)}")
+    if ops is not None:
+        unknown = sorted(set(ops) - set(OPS))
+        if unknown:
+            raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OP_KINDS)}")
     choices = draw(st.binary(min_size=_CHUNK * (min_ops + 1), max_size=_CHUNK * (max_ops + 1)))
-    b = _Builder(choices, dtype, draw(_SEED))
-    b.start_op(0)  # the first chunk chooses the inputs
-    for _ in range(b.integer(1, max_inputs)):
-        b.placeholder(tuple(b.integer(1, 6) for _ in range(b.integer(1, 4))))
-    for index in range(1, len(choices) // _CHUNK):
-        b.start_op(index)
-        kind = kinds[b.integer(0, len(kinds) - 1)]
-        operand = b.values[-1] if not b.flag() else b.pick(b.values)
-        if OPS[kind](b, operand) is None:
-            OPS["relu"](b, operand)
-    sinks = [v for v in b.values if not v.node.users and v.node.op != "placeholder"]
-    dead = random.Random(b.seed)  # which unused values stay dead code (for dce to find)
-    outputs = [sinks[-1]] + [v for v in sinks[:-1] if dead.random() < 0.7]
-    b.graph.output(tuple(v.node for v in outputs))
-    return fx.GraphModule(b.root, b.graph)
+    return build_graph(choices, draw(_SEED), dtype=dtype, ops=ops, max_inputs=max_inputs)
 
 
 def inputs_for(gm: fx.GraphModule) -> st.SearchStrategy[tuple[Any, ...]]:
