@@ -56,12 +56,23 @@ def quantize_model(model: torch.nn.Module | fx.GraphModule, example_inputs: Sequ
     ``per_channel``/``dynamic_min_tokens`` for quantize). ``int8_static`` needs
     ``calibration_data`` (an iterable of input tuples or tensors).
     """
-    from fxopt.optimize import optimize
-
     selection = {k: options.pop(k) for k in ("skip", "keep_first_last", "overrides") if k in options}
     gm = model
     if mode == "int8_static" or "int8_static" in selection.get("overrides", ""):
-        gm = optimize(model, [InsertObservers(mode=mode, observer=observer, **selection)],
-                      example_inputs=example_inputs)
+        gm = _run(model, InsertObservers(mode=mode, observer=observer, **selection), example_inputs)
         calibrate(gm, [] if calibration_data is None else calibration_data, progress=progress)
-    return optimize(gm, [Quantize(mode=mode, **selection, **options)], example_inputs=example_inputs)
+    return _run(gm, Quantize(mode=mode, **selection, **options), example_inputs)
+
+
+def _run(model: Any, pass_: Any, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """``fxopt.optimize`` with one pass; a pass skipped for a training-mode model is an error
+    here (the caller asked for quantization, not for a report line)."""
+    from fxopt.errors import InputError
+    from fxopt.optimize import optimize, report_of
+
+    result = optimize(model, [pass_], example_inputs=example_inputs)
+    skipped = report_of(result).records[-1].skipped
+    if skipped:
+        raise InputError(f"quantize_model: {pass_.name} was skipped ({skipped}); "
+                         "call model.eval() first")
+    return result

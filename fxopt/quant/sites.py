@@ -172,12 +172,25 @@ def _module_site(gm: fx.GraphModule, node: fx.Node) -> Site | None:
         reason = None if mod.padding_mode == "zeros" else f"padding_mode={mod.padding_mode!r} is not supported"
     elif isinstance(mod, nn.modules.conv._ConvNd):
         spelling, reason = _CONV, f"{type(mod).__name__} (transposed convolution) is not supported"
+    elif _hides_matmuls(mod):
+        return Site(node, _LINEAR, None, None, None, None,
+                    skip=f"matmuls inside the leaf module {type(mod).__name__} are invisible to "
+                         "symbolic_trace; capture with torch.export to quantize them")
     else:
         return None
     act = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     site = Site(node, spelling, act, mod.weight, f"{node.target}.weight", None,
                 perm=tuple(range(mod.weight.dim())), skip=reason)
     return site
+
+
+def _hides_matmuls(mod: nn.Module) -> bool:
+    """A leaf module (kept whole by symbolic_trace) that multiplies by weight matrices:
+    nn.MultiheadAttention, nn.TransformerEncoderLayer, RNNs, nn.Bilinear...; embeddings
+    are lookups, not matmuls."""
+    if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+        return False
+    return any(p.dim() >= 2 for p in mod.parameters())
 
 
 def _function_site(gm: fx.GraphModule, node: fx.Node) -> Site | None:

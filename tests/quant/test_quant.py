@@ -277,3 +277,34 @@ def test_textual_pipeline_and_observer_counts():
     assert not any(isinstance(m, fq.Observer) for m in q.modules())
     assert fq.accuracy_report(model, q, _inputs()).end_to_end.sqnr >= 20  # 9 chained static layers
     assert math.isfinite(fq.accuracy_report(model, q, _inputs()).end_to_end.cosine)
+
+
+def test_aten_graph_from_make_fx_addmm_and_mm_of_transposed_weights():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8, bias=False)).eval()
+    x = torch.randn(4, 32)
+    gm = make_fx(model)(x)
+    assert {torch.ops.aten.addmm.default, torch.ops.aten.mm.default} <= {n.target for n in gm.graph.nodes}
+    q = fq.quantize_model(gm, (x,), "int8_weight_only")
+    assert [r.mode for r in fq.summary_of(q).sites] == ["int8_weight_only"] * 2
+    assert not any(n.target in (torch.ops.aten.t.default, torch.ops.aten.mm.default) for n in q.graph.nodes)
+    fresh = torch.randn(4, 32)
+    assert fq.sqnr(model(fresh), q(fresh)) >= 35
+
+
+def test_leaf_module_with_hidden_matmuls_is_reported_and_training_model_rejected():
+    class WithAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc(self.att(x, x, x, need_weights=False)[0])
+
+    x = torch.randn(2, 5, 16)
+    q = fq.quantize_model(WithAttention().eval(), (x,))
+    assert "torch.export" in fq.summary_of(q).skipped["att"]
+    with pytest.raises(fxopt.InputError, match=r"model\.eval\(\)"):
+        fq.quantize_model(WithAttention(), (x,))
