@@ -82,9 +82,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from fxopt.models import demo_model
 
     model, inputs = demo_model()
+    # memory planning only records a plan: it adds the memory chart to the report
+    passes = [*DEFAULT_PIPELINE, *(["plan_memory"] if "plan_memory" in registered_passes() else [])]
     print(f"fxopt demo: {type(model).__name__} traced with torch.fx.symbolic_trace, "
-          f"default pipeline ({', '.join(DEFAULT_PIPELINE)}), verify=True\n")
-    gm = _run(model, inputs, None, True, args.report)
+          f"passes {', '.join(passes)}, verify=True\n")
+    gm = _run(model, inputs, ",".join(passes), True, None if args.no_report else args.report)
     error = (gm(*inputs) - model(*inputs)).abs().max().item()
     print(f"\nmax |optimized - original| on the example input: {error:.2e}")
     return 0
@@ -104,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--report", metavar="HTML", help="write the per-pass HTML report here")
     opt.set_defaults(fn=_cmd_optimize)
     demo = sub.add_parser("demo", help="optimize the bundled demo model and print the per-pass table")
-    demo.add_argument("--report", metavar="HTML", help="also write the per-pass HTML report here")
+    demo.add_argument("--report", metavar="HTML", default="fxopt-demo-report.html",
+                      help="where to write the per-pass HTML report (default: %(default)s)")
+    demo.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     demo.set_defaults(fn=_cmd_demo)
     return parser
 
