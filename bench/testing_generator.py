@@ -1,0 +1,117 @@
+"""Throughput and validity of ``fxopt.testing.strategies.fx_graphs``.
+
+Measures, at 20-50 ops per graph:
+
+* graphs/s through hypothesis (``@given(fx_graphs(20, 50))``, generate phase only: what
+  a property test pays per example), and for the deterministic core ``build_graph``;
+* validity: the share of graphs that run on inputs from ``inputs_for`` with the output
+  shapes recorded in ``meta['val']``, and the share whose outputs are all finite, per dtype;
+* shrinking: the node count hypothesis shrinks a counterexample to, for properties
+  that fail on one op kind.
+
+Run: ``python bench/testing_generator.py [--graphs N]`` (pin cores with ``taskset -c 0,1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import operator
+import os
+import platform
+import random
+import time
+
+import torch
+import torch.fx as fx
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from fxopt.testing.minimize import node_count
+from fxopt.testing.strategies import OP_KINDS, build_graph, fx_graphs, inputs_for
+
+
+def hypothesis_rate(count: int) -> tuple[float, float]:
+    """Graphs per wall-clock second and per CPU second drawn through hypothesis, as a
+    property test draws them (CPU time is what an idle core would take on a shared box)."""
+    drawn = []
+
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(fx_graphs(20, 50))
+    def draw(gm: fx.GraphModule) -> None:
+        drawn.append(node_count(gm))
+
+    start, cpu = time.perf_counter(), time.process_time()
+    draw()
+    return len(drawn) / (time.perf_counter() - start), len(drawn) / (time.process_time() - cpu)
+
+
+def core_rate(count: int) -> tuple[float, float]:
+    rng = random.Random(0)
+    start, cpu = time.perf_counter(), time.process_time()
+    for seed in range(count):
+        build_graph(rng.randbytes(16 * rng.randint(21, 51)), seed)
+    return count / (time.perf_counter() - start), count / (time.process_time() - cpu)
+
+
+def validity(count: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(graphs, valid, finite) over ``count`` hypothesis-drawn graphs of ``dtype``."""
+    tally = [0, 0, 0]
+
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        gm = data.draw(fx_graphs(20, 50, dtype=dtype))
+        inputs = data.draw(inputs_for(gm))
+        tally[0] += 1
+        try:
+            outputs = gm(*inputs)
+        except Exception:
+            return
+        nodes = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        if all(o.shape == n.meta["val"].shape for o, n in zip(outputs, nodes)):
+            tally[1] += 1
+            tally[2] += all(bool(torch.isfinite(o).all()) for o in outputs)
+
+    check()
+    return tally[0], tally[1], tally[2]
+
+
+def shrunk_size(targets: set) -> int:
+    """Nodes in the smallest graph hypothesis finds containing one of ``targets``."""
+    def has(gm: fx.GraphModule) -> bool:
+        return any(n.target in targets for n in gm.graph.nodes)
+
+    return node_count(find(fx_graphs(1, 50), has, settings=settings(database=None, max_examples=5000)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graphs", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus visible, "
+          f"affinity {len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"op kinds: {len(OP_KINDS)}")
+    hypothesis_rate(20)  # warm-up
+    rows = []
+    for label, (wall, cpu) in [("fx_graphs(20, 50) via hypothesis", hypothesis_rate(args.graphs)),
+                               ("build_graph core, 20-50 ops", core_rate(args.graphs))]:
+        rows.append((label, f"{wall:.1f} graphs/s wall, {cpu:.1f} graphs per CPU-second"))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        total, valid, finite = validity(args.graphs, dtype)
+        rows.append((f"valid / finite, {dtype}", f"{valid}/{total} valid ({100 * valid / total:.1f}%), "
+                                                   f"{finite}/{total} finite ({100 * finite / total:.1f}%)"))
+    for name, targets in [("sub", {operator.sub, torch.sub, "sub"}),
+                          ("conv", {torch.nn.functional.conv1d, torch.nn.functional.conv2d}),
+                          ("cat", {torch.cat}), ("layer_norm", {torch.nn.functional.layer_norm})]:
+        rows.append((f"shrunk counterexample, has {name}", f"{shrunk_size(targets)} nodes"))
+    width = max(len(r[0]) for r in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()
