@@ -102,36 +102,44 @@ class _SavedTensorRecorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, mode: Any):
         super().__init__(gm, garbage_collect_values=False)
         self.mode = mode
-        self.owner: dict[StorageWeakRef, fx.Node] = {}
-        self.saved: dict[fx.Node, set[fx.Node]] = {}
-        self.current: fx.Node | None = None
+        self.owner: dict[StorageWeakRef, tuple[fx.Node, int]] = {}
+        self.saved: dict[tuple[fx.Node, int], set[fx.Node]] = {}
+        self.pending: list[StorageWeakRef] = []
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        node = self.owner.get(StorageWeakRef(tensor.untyped_storage()))
-        if node is not None and self.current is not None:
-            self.saved.setdefault(node, set()).add(self.current)
+        self.pending.append(StorageWeakRef(tensor.untyped_storage()))
         return tensor
 
     def run_node(self, node: fx.Node) -> Any:
-        self.current = node
+        self.pending = []
         result = super().run_node(node)
         if node.op in ("placeholder", "get_attr"):
             result = tree_map(self._trainable, result)
-        for s in storages_of(result):
-            self.owner.setdefault(s, node)
+        for position, leaf in enumerate(tree_leaves(result)):
+            if isinstance(leaf, torch.Tensor):
+                self.owner.setdefault(StorageWeakRef(leaf.untyped_storage()), (node, position))
+        # resolved after the node ran: an op may save its own result (sigmoid, relu, exp)
+        for s in self.pending:
+            owner = self.owner.get(s)
+            if owner is not None:
+                self.saved.setdefault(owner, set()).add(node)
         return result
 
     def _trainable(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
             x = self.mode.from_tensor(x, static_shapes=True)
         if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.requires_grad:
-            x = x.detach().requires_grad_(True)
+            # an inference tensor cannot require grad: a normal copy stands in for it
+            x = (x.clone() if x.is_inference() else x.detach()).requires_grad_(True)
         return x
 
 
 @register_analysis("saved_for_backward")
-def saved_for_backward(gm: fx.GraphModule, ctx: Any) -> dict[fx.Node, set[fx.Node]] | None:
-    """For each node whose storage autograd saves for backward (grad on), the nodes saving it.
+def saved_for_backward(gm: fx.GraphModule, ctx: Any) -> dict[tuple[fx.Node, int], set[fx.Node]] | None:
+    """Which storages autograd saves for backward when the graph runs with grad on.
+
+    Keys are ``(node, leaf)``: the ``leaf``-th tensor of ``node``'s value (in pytree
+    order) created the storage; values are the nodes whose backward keeps it.
 
     Every floating-point input is made to require grad, so the answer covers any way the
     graph may be differentiated. ``None`` means the fake run failed: callers must then

@@ -82,7 +82,8 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
 
     Greedy first; then, if it is above ``capacity`` (default: the lower bound), the
     branch-and-bound search for up to ``time_limit`` seconds on problems of at most
-    ``search_limit`` buffers. The result is the best placement found either way.
+    ``search_limit`` buffers: at the capacity itself, then (if that fails) at up to 10%
+    above it. The result is the best placement found either way.
     """
     n = len(buffers)
     if n == 0:
@@ -104,13 +105,29 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     assert best is not None and best_arena is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
-    search = BranchAndBound(starts, ends, sizes, target, deadline=time.perf_counter() + time_limit)
-    found = search.run()
-    if found is not None:
-        arena = int((found + sizes).max())
-        if arena < best_arena:
-            return Solution(found.tolist(), arena, "search", arena == bound, search.nodes)
-    return Solution(best.tolist(), best_arena, "greedy", best_arena == bound, search.nodes)
+    # first secure a placement at most 10% above the target, then spend most of the time
+    # on the target itself, then on the capacities in between
+    began, nodes = time.perf_counter(), 0
+    schedule = ((1.10, 0.2), (1.0, 0.75), (1.02, 0.5), (1.05, 1.0))
+    best_method = "greedy"
+    for factor, share in schedule:
+        capacity_now = int(target * factor)
+        if capacity_now >= best_arena:
+            continue
+        left = time_limit - (time.perf_counter() - began)
+        if left <= 0:
+            break
+        search = BranchAndBound(starts, ends, sizes, capacity_now,
+                                deadline=time.perf_counter() + left * share)
+        found = search.run()
+        nodes += search.nodes
+        if found is not None:
+            arena = int((found + sizes).max())
+            if arena < best_arena:
+                best, best_arena, best_method = found, arena, "search"
+            if best_arena <= target:
+                break
+    return Solution(best.tolist(), best_arena, best_method, best_arena == bound, nodes)
 
 
 class BranchAndBound:

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
 
 from fxopt.analysis.alias import AliasInfo, storages_of
 from fxopt.analysis.shapes import record_value
@@ -157,9 +158,9 @@ class StorageClasses:
         self.storages = alias.storages
         for node, found in alias.storages.items():
             for s in found:
-                self.members.setdefault(self._find(s), []).append(node)
+                self.members.setdefault(self.find(s), []).append(node)
 
-    def _find(self, s: StorageWeakRef) -> StorageWeakRef:
+    def find(self, s: StorageWeakRef) -> StorageWeakRef:
         root = self.parent.setdefault(s, s)
         while root != self.parent[root]:
             root = self.parent[root]
@@ -167,7 +168,7 @@ class StorageClasses:
         return root
 
     def roots(self, node: fx.Node) -> set[StorageWeakRef]:
-        return {self._find(s) for s in self.storages.get(node, ())}
+        return {self.find(s) for s in self.storages.get(node, ())}
 
     def nodes(self, node: fx.Node) -> list[fx.Node]:
         """Every node living (partly) in the same buffer as ``node``."""
@@ -178,7 +179,7 @@ class StorageClasses:
 
     def contains_any(self, node: fx.Node, storages: set[StorageWeakRef]) -> bool:
         roots = self.roots(node)
-        return any(self._find(s) in roots for s in storages)
+        return any(self.find(s) in roots for s in storages)
 
     def merge(self, node: fx.Node, into: fx.Node) -> None:
         """R15: after ``node`` became an in-place op on ``into`` they are one buffer."""
@@ -213,8 +214,9 @@ class Facts:
     order: dict[fx.Node, int]
     alias: AliasInfo
     classes: StorageClasses
-    #: node -> the nodes that save its storage for backward; None: unknown (fake run failed)
-    saved: dict[fx.Node, set[fx.Node]] | None
+    #: (node, leaf) -> the nodes that save that tensor's storage for backward; None:
+    #: unknown (the fake run failed)
+    saved: dict[tuple[fx.Node, int], set[fx.Node]] | None
     autograd_safe: bool
     inference_storages: set[StorageWeakRef] = field(default_factory=set)
 
@@ -302,11 +304,17 @@ def r9_autograd(c: Candidate, f: Facts) -> str | None:
         return "could not tell which tensors autograd saves"
     # the converted op itself is fine: every in-place variant saves what its own
     # derivative needs (its result), so only other savers of self's buffer matter
+    roots = f.classes.roots(c.self_arg)
     for alias in f.classes.nodes(c.self_arg):
-        savers = f.saved.get(alias, set()) - {c.node}
-        if savers:
-            return (f"autograd saves {alias.name!r} (self's buffer) for the backward of "
-                    f"{min(s.name for s in savers)!r}")
+        for position, leaf in enumerate(tree_leaves(alias.meta.get("val"))):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            if f.classes.find(StorageWeakRef(leaf.untyped_storage())) not in roots:
+                continue  # another output of a multi-output node (max's indices)
+            savers = f.saved.get((alias, position), set()) - {c.node}
+            if savers:
+                return (f"autograd saves {alias.name!r} (self's buffer) for the backward of "
+                        f"{min(s.name for s in savers)!r}")
     return None
 
 
@@ -450,20 +458,21 @@ class InPlace(Pass):
             variant = find_variant(node, gm)
             if variant is None:
                 continue
-            chosen, verdict = None, None
+            chosen = None
             for self_arg in _self_choices(node, variant):
                 candidate = Candidate(node, self_arg, variant)
                 verdict = check(candidate, facts)
                 if verdict is None:
                     chosen = candidate
                     break
+                rejected[verdict[0]] = rejected.get(verdict[0], 0) + 1
             if chosen is None:
-                if verdict is not None:
-                    rejected[verdict[0]] = rejected.get(verdict[0], 0) + 1
                 continue
             new = rewrite(chosen, gm, module_copies, self.name)
             _adopt_facts(facts, node, new, chosen.self_arg)
             converted.append(new.name)
+        # rejected_by_rule counts (candidate, self) pairs: a commutative op whose first
+        # operand is rejected may still convert with the second
         return PassResult(bool(converted), {"converted": len(converted), "nodes": converted,
                                             "rejected_by_rule": dict(sorted(rejected.items()))})
 
@@ -477,8 +486,8 @@ def _adopt_facts(f: Facts, old: fx.Node, new: fx.Node, self_arg: fx.Node) -> Non
             if m is old:
                 members[i] = new
     if f.saved is not None:
-        if old in f.saved:
-            f.saved[new] = f.saved.pop(old)
+        for key in [k for k in f.saved if k[0] is old]:
+            f.saved[(new, key[1])] = f.saved.pop(key)
         for savers in f.saved.values():
             if old in savers:
                 savers.discard(old)
