@@ -194,8 +194,11 @@ class _Builder:
         self.dynamic_min_tokens = dynamic_min_tokens
         self.weights: dict[tuple, tuple[str, str, str]] = {}  # key -> (int8, scale, first site)
         self.zero: str | None = None
-        self.nodes: dict[str, fx.Node] = {}  # get_attr nodes; sites come in graph order,
-        # so a node made for an earlier site comes before every later one
+        # sites come in graph order, so a node made for an earlier site comes before every
+        # later one and may be reused by it: get_attr nodes, and the static QDQ of an
+        # activation that feeds several sites
+        self.nodes: dict[str, fx.Node] = {}
+        self.static_qdq: dict[fx.Node, fx.Node] = {}
 
     def attr(self, name: str, value: torch.Tensor) -> str:
         name = _fresh_name(self.gm, name)
@@ -235,6 +238,11 @@ class _Builder:
         return q, s, None
 
     def qdq_static(self, x: fx.Node, observer: Observer) -> fx.Node:
+        if x not in self.static_qdq:
+            self.static_qdq[x] = self._qdq_static(x, observer)
+        return self.static_qdq[x]
+
+    def _qdq_static(self, x: fx.Node, observer: Observer) -> fx.Node:
         scale, zp = observer.qparams()
         qmin, qmax = qrange(observer.symmetric)
         s, z = self.attr(f"{x.name}_act_scale", scale), self.attr(f"{x.name}_act_zero_point", zp)

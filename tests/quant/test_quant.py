@@ -308,3 +308,44 @@ def test_leaf_module_with_hidden_matmuls_is_reported_and_training_model_rejected
     assert "torch.export" in fq.summary_of(q).skipped["att"]
     with pytest.raises(fxopt.InputError, match=r"model\.eval\(\)"):
         fq.quantize_model(WithAttention(), (x,))
+
+
+def test_users_model_and_graph_are_left_untouched():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU())).eval()
+    x = torch.randn(2, 8)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    structure = repr(model)
+    gm = fx.symbolic_trace(model)
+    code, modules = gm.code, repr(gm)
+    for mode in fq.MODES:
+        fq.quantize_model(model, (x,), mode, calibration_data=[(x,)])
+        fq.quantize_model(gm, (x,), mode, calibration_data=[(x,)])
+    assert repr(model) == structure
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert gm.code == code and repr(gm) == modules
+    assert not any(isinstance(m, fq.Observer) for m in model.modules())
+
+
+def test_shared_activation_gets_one_observer_and_one_qdq():
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    model, x = TwoHeads().eval(), torch.randn(4, 16)
+    calib = [(torch.randn(64, 16),) for _ in range(4)]
+    q = fq.quantize_model(model, (x,), "int8_static", calibration_data=calib)
+    quantizes = [n for n in q.graph.nodes if n.target is ops.quantize.default]
+    assert len(quantizes) == 1 and len(quantizes[0].users) == 1
+    assert fq.accuracy_report(model, q, (x,)).end_to_end.sqnr >= 30
+
+
+def test_calibration_shows_a_progress_bar(capsys):
+    gm = fxopt.optimize(_mlp(), ["insert_observers"], example_inputs=(torch.randn(2, 128),))
+    fq.calibrate(gm, [torch.randn(2, 128) for _ in range(3)], progress=True)
+    assert "calibrating" in capsys.readouterr().err
+    fq.calibrate(gm, [torch.randn(2, 128) for _ in range(3)])  # short runs: no bar by default
+    assert "calibrating" not in capsys.readouterr().err
