@@ -38,25 +38,26 @@ class Spelling:
     """
 
     kind: str
-    act: int
-    weight: int
-    bias: int | None
+    act: tuple[int, str]  # (position, keyword) of the activation
+    weight: tuple[int, str]
+    bias: tuple[int, str] | None
     contracted: tuple[int, ...] | None  # None: all but the first (conv)
     linear_like: bool
     weight_is_nk: bool = False
 
 
-_LINEAR = Spelling("linear", 0, 1, 2, (-1,), True, weight_is_nk=True)
-_MATMUL = Spelling("matmul", 0, 1, None, (-2,), True)
-_ADDMM = Spelling("addmm", 1, 2, 0, (-2,), True)
-_BMM = Spelling("bmm", 0, 1, None, (-2,), False)
-_CONV = Spelling("conv", 0, 1, 2, None, False)
+_LINEAR = Spelling("linear", (0, "input"), (1, "weight"), (2, "bias"), (-1,), True, weight_is_nk=True)
+_MATMUL = Spelling("matmul", (0, "input"), (1, "other"), None, (-2,), True)
+_MM = Spelling("matmul", (0, "input"), (1, "mat2"), None, (-2,), True)
+_ADDMM = Spelling("addmm", (1, "mat1"), (2, "mat2"), (0, "input"), (-2,), True)
+_BMM = Spelling("bmm", (0, "input"), (1, "mat2"), None, (-2,), False)
+_CONV = Spelling("conv", (0, "input"), (1, "weight"), (2, "bias"), None, False)
 
 #: call_function targets and call_method names, torch level and ATen level
 SPELLINGS: dict[object, Spelling] = {
     F.linear: _LINEAR, aten.linear.default: _LINEAR,
-    torch.matmul: _MATMUL, operator.matmul: _MATMUL, torch.mm: _MATMUL,
-    aten.mm.default: _MATMUL, aten.matmul.default: _MATMUL, "matmul": _MATMUL, "mm": _MATMUL,
+    torch.matmul: _MATMUL, operator.matmul: _MATMUL, aten.matmul.default: _MATMUL, "matmul": _MATMUL,
+    torch.mm: _MM, aten.mm.default: _MM, "mm": _MM,
     torch.addmm: _ADDMM, aten.addmm.default: _ADDMM, "addmm": _ADDMM,
     torch.bmm: _BMM, aten.bmm.default: _BMM, "bmm": _BMM,
     F.conv1d: _CONV, F.conv2d: _CONV, F.conv3d: _CONV,
@@ -71,6 +72,8 @@ _VIEWS = {
     "transpose": lambda nd, a: _swap(nd, *a),
     torch.permute: lambda nd, a: _dims(nd, a), aten.permute.default: lambda nd, a: _dims(nd, a),
     "permute": lambda nd, a: _dims(nd, a),
+    # ``w.T`` / ``w.mT`` trace as getattr(w, "T") (symbolic_trace)
+    getattr: lambda nd, a: tuple(reversed(range(nd))) if a[0] == "T" else _swap(nd, -2, -1),
 }
 
 
@@ -114,7 +117,7 @@ class Site:
         the nodes it was computed by)."""
         if self.node.op == "call_module":
             return self.node.args[0]
-        return _arg(self.node, self.spelling.act, "input")
+        return _arg(self.node, self.spelling.act)
 
     def stored_contracted(self) -> tuple[int, ...]:
         """The contracted axes in the stored weight's coordinates."""
@@ -128,9 +131,10 @@ class Site:
         return used if self.spelling.weight_is_nk else used.t()
 
 
-def _arg(node: fx.Node, index: int | None, name: str):
-    if index is None:
+def _arg(node: fx.Node, where: tuple[int, str] | None):
+    if where is None:
         return None
+    index, name = where
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name)
@@ -138,7 +142,9 @@ def _arg(node: fx.Node, index: int | None, name: str):
 
 def is_weight_view(node: fx.Node) -> bool:
     """Whether ``node`` is a transpose/permute of the kind weights are seen through."""
-    return node.op in ("call_function", "call_method") and node.target in _VIEWS
+    if node.op not in ("call_function", "call_method") or node.target not in _VIEWS:
+        return False
+    return node.target is not getattr or node.args[1] in ("T", "mT")
 
 
 def _constant(gm: fx.GraphModule, value) -> tuple[torch.Tensor, str, fx.Node, list[fx.Node], tuple] | None:
@@ -197,8 +203,8 @@ def _function_site(gm: fx.GraphModule, node: fx.Node) -> Site | None:
     spelling = SPELLINGS.get(node.target)
     if spelling is None:
         return None
-    act = _arg(node, spelling.act, "input")
-    weight_arg = _arg(node, spelling.weight, "weight" if spelling.kind in ("linear", "conv") else "mat2")
+    act = _arg(node, spelling.act)
+    weight_arg = _arg(node, spelling.weight)
     found = _constant(gm, weight_arg)
     site = Site(node, spelling, act if isinstance(act, fx.Node) else None, None, None, None)
     if found is None:
@@ -206,7 +212,7 @@ def _function_site(gm: fx.GraphModule, node: fx.Node) -> Site | None:
                      else "the weight is not a constant (it is computed or a graph input)")
         return site
     site.weight, site.weight_key, site.weight_root, site.weight_path, site.perm = found
-    bias = _arg(node, spelling.bias, "bias")
+    bias = _arg(node, spelling.bias)
     site.bias = bias if isinstance(bias, fx.Node) else None
     if spelling.kind == "addmm" and (node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1):
         site.skip = "addmm with beta/alpha other than 1"

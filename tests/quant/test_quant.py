@@ -349,3 +349,23 @@ def test_calibration_shows_a_progress_bar(capsys):
     assert "calibrating" in capsys.readouterr().err
     fq.calibrate(gm, [torch.randn(2, 128) for _ in range(3)])  # short runs: no bar by default
     assert "calibrating" not in capsys.readouterr().err
+
+
+def test_keyword_arguments_and_dot_T_weights():
+    class Keywords(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 32) / 5)
+            self.v = nn.Parameter(torch.randn(16, 16) / 4)
+
+        def forward(self, x):
+            h = x @ self.w.T
+            h = torch.matmul(h, other=self.v)
+            h = F.linear(input=h, weight=self.v.mT)
+            return torch.mm(h, mat2=self.v)
+
+    model, x = Keywords().eval(), torch.randn(4, 32)
+    for mode in fq.MODES:
+        q = fq.quantize_model(model, (x,), mode, calibration_data=[(torch.randn(64, 32),)])
+        assert fq.summary_of(q).coverage == 1.0, mode
+        assert fq.sqnr(model(x), q(x)) >= 30, mode
