@@ -79,6 +79,7 @@ class DotBuilder:
         self.items: list[Item] = []
         self.ids: dict[str, str] = {}
         self.edges: list[tuple[str, str, dict[str, str]]] = []
+        self.clusters: list[tuple[str, ...]] = []
         self.dot = graphviz.Digraph(
             name=title,
             graph_attr={"rankdir": rankdir, "id": f"{id_prefix}graph", "fontname": "Helvetica",
@@ -99,30 +100,30 @@ class DotBuilder:
             self.edges.append((self.ids[src], self.ids[dst], attrs))
 
     def source(self, clusters: bool = True, extra: Iterable[str] = ()) -> str:
+        """The DOT text; ``extra`` lines (a legend) go in as they are."""
         tree: dict[tuple[str, ...], list[Item]] = {}
         for item in self.items:
             tree.setdefault(item.path if clusters else (), []).append(item)
-        self._emit_cluster(self.dot, (), tree, set())
+        for path in list(tree):  # every ancestor of a populated module is a cluster too
+            for depth in range(1, len(path)):
+                tree.setdefault(path[:depth], [])
+        self._emit_cluster(self.dot, (), tree)
         for i, (src, dst, attrs) in enumerate(self.edges):
             self.dot.edge(src, dst, id=f"{self.prefix}e{i}", **attrs)
-        for line in extra:
-            self.dot.body.append(line)
+        self.dot.body.extend(f"\t{line}\n" for line in extra)
         return self.dot.source
 
     def _emit_cluster(self, graph: graphviz.Digraph, path: tuple[str, ...],
-                      tree: dict[tuple[str, ...], list[Item]], done: set) -> None:
-        for item in tree.get(path, []):
+                      tree: dict[tuple[str, ...], list[Item]]) -> None:
+        for item in tree[path]:
             graph.node(self.ids[item.key], label=item.label, **item.attrs)
-        children = sorted({p[: len(path) + 1] for p in tree if len(p) > len(path) and p[: len(path)] == path})
-        for child in children:
-            if child in done:
-                continue
-            done.add(child)
-            cid = f"{self.prefix}c{len(done)}"
+        for child in sorted(p for p in tree if len(p) == len(path) + 1 and p[:len(path)] == path):
+            cid = f"{self.prefix}c{len(self.clusters)}"
+            self.clusters.append(child)
             with graph.subgraph(name=f"cluster_{cid}") as sub:
                 sub.attr(id=cid, label=labels.table([(labels.html_text(".".join(child), 60), "note")]),
                          labeljust="l", style="rounded,dashed", color="#9ca3af", fontsize="10")
-                self._emit_cluster(sub, child, tree, done)
+                self._emit_cluster(sub, child, tree)
 
 
 # --- overlays ---------------------------------------------------------------------------
