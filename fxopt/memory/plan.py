@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxopt.analysis.alias import AliasInfo
@@ -140,10 +141,10 @@ def _storage_nbytes(node: fx.Node, storage: StorageWeakRef) -> Any:
     for t in torch.utils._pytree.tree_leaves(node.meta.get("val")):
         if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == storage:
             nbytes = t.untyped_storage().nbytes()
-            try:
-                return int(nbytes)
-            except Exception:  # a SymInt with free symbols
-                return nbytes
+            if isinstance(nbytes, torch.SymInt):
+                # never int() it: that would specialize the graph to today's shape
+                return nbytes if not is_concrete_int(nbytes) else int(nbytes)
+            return int(nbytes)
     return 0
 
 

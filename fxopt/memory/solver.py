@@ -105,6 +105,7 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     assert best is not None and best_arena is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
+    _search_kernel()
     # first secure a placement at most 10% above the target, then spend most of the time
     # on the target itself, then on the capacities in between
     began, nodes = time.perf_counter(), 0
@@ -261,7 +262,13 @@ def _search_kernel():
     if _KERNEL is None:
         import numba
 
-        _KERNEL = numba.njit(cache=True, nogil=True)(_search_py)
+        vector = numba.int64[:]
+        signature = numba.types.Tuple((numba.int64, vector, numba.int64))(
+            vector, vector, vector, vector, vector, vector, vector,
+            numba.int64, numba.int64, numba.int64, numba.int64)
+        # an explicit signature compiles now (or loads numba's disk cache), so compile
+        # time never eats into a search's time limit
+        _KERNEL = numba.njit(signature, cache=True, nogil=True)(_search_py)
     return _KERNEL
 
 

@@ -1,0 +1,226 @@
+"""The memory planner: placements, the lower bound, concat-aware placement and the arena run."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxopt
+from fxopt.memory.executor import ArenaError, ArenaRunner, _ArenaInterpreter
+from fxopt.memory.problem import Buffer, PlacementError, verify_placement
+from fxopt.memory.solver import solve
+from fxopt.models import ZOO, example_inputs
+
+MINIMALLOC = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimalloc"
+
+
+def brute_lower_bound(buffers: list[Buffer]) -> int:
+    """Live bytes at every program point, counted directly (independent of the planner)."""
+    points = {t for b in buffers for t in (b.start, b.end)}
+    return max((sum(b.size for b in buffers if b.start <= t <= b.end) for t in points), default=0)
+
+
+def brute_overlaps(buffers: list[Buffer]) -> bool:
+    for a, b in itertools.combinations(buffers, 2):
+        if a.start <= b.end and b.start <= a.end and a.offset < b.offset + b.size and b.offset < a.offset + a.size:
+            return True
+    return False
+
+
+intervals = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(0, 15), st.integers(1, 64)), min_size=1, max_size=40,
+).map(lambda rows: [Buffer(f"b{i}", s, s + d, size * 16) for i, (s, d, size) in enumerate(rows)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(intervals)
+def test_greedy_placements_never_overlap_and_respect_the_bound(buffers):
+    solution = solve(buffers, time_limit=0)
+    for b, offset in zip(buffers, solution.offsets):
+        b.offset = offset
+    assert not brute_overlaps(buffers)
+    verify_placement(buffers)
+    assert solution.arena == max(b.offset + b.size for b in buffers)
+    assert solution.arena >= brute_lower_bound(buffers)
+
+
+@settings(max_examples=40, deadline=None)
+@given(intervals)
+def test_search_placements_never_overlap_and_are_deterministic(buffers):
+    first = solve(buffers, time_limit=0.5)
+    second = solve(buffers, time_limit=0.5)
+    assert first.offsets == second.offsets
+    for b, offset in zip(buffers, first.offsets):
+        b.offset = offset
+    assert not brute_overlaps(buffers)
+    assert first.arena >= brute_lower_bound(buffers)
+
+
+def test_greedy_is_deterministic():
+    rows = [(i * 7 % 23, (i * 7 % 23) + i % 5, 64 * (1 + i * 13 % 9)) for i in range(200)]
+    buffers = [Buffer(str(i), s, e, size) for i, (s, e, size) in enumerate(rows)]
+    assert solve(buffers, time_limit=0).offsets == solve(buffers, time_limit=0).offsets
+
+
+def test_verifier_names_the_overlapping_buffers():
+    a, b = Buffer("a", 0, 5, 100, offset=0), Buffer("b", 3, 8, 100, offset=50)
+    with pytest.raises(PlacementError, match="'a'.*'b'"):
+        verify_placement([a, b])
+    b.offset = 100
+    verify_placement([a, b])  # touching is fine
+    c = Buffer("c", 6, 9, 100, offset=0)  # same bytes as a, after a died
+    verify_placement([a, b, c])
+
+
+def test_search_reaches_the_bound_where_greedy_cannot():
+    # greedy by size puts the two 2-unit buffers side by side; the optimum interleaves
+    buffers = [Buffer("a", 0, 1, 2), Buffer("b", 2, 3, 2), Buffer("c", 0, 0, 1), Buffer("d", 1, 2, 1),
+               Buffer("e", 3, 3, 1), Buffer("f", 1, 1, 1)]
+    solution = solve(buffers, time_limit=2.0)
+    for b, offset in zip(buffers, solution.offsets):
+        b.offset = offset
+    verify_placement(buffers)
+    assert solution.arena == brute_lower_bound(buffers)
+
+
+def load_minimalloc(name: str) -> list[Buffer]:
+    with open(MINIMALLOC / f"{name}.1048576.csv") as f:
+        rows = list(csv.DictReader(f))
+    # the files' intervals are half-open [lower, upper)
+    return [Buffer(r["id"], int(r["lower"]), int(r["upper"]) - 1, int(r["size"])) for r in rows]
+
+
+@pytest.mark.parametrize("name", ["B", "C"])
+def test_minimalloc_instances_fit_their_capacity(name):
+    buffers = load_minimalloc(name)
+    solution = solve(buffers, capacity=1048576, time_limit=30)
+    for b, offset in zip(buffers, solution.offsets):
+        b.offset = offset
+    verify_placement(buffers, capacity=1048576)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list("ADEFGHIJK"))
+def test_minimalloc_instances_within_ten_percent(name):
+    buffers = load_minimalloc(name)
+    solution = solve(buffers, capacity=1048576, time_limit=60)
+    for b, offset in zip(buffers, solution.offsets):
+        b.offset = offset
+    verify_placement(buffers, capacity=int(1048576 * 1.10))
+
+
+def plan_of(name: str, passes=("inplace", "plan_memory")):
+    model, inputs = ZOO[name](), example_inputs(name)
+    gm = fxopt.optimize(fx.symbolic_trace(model), passes=list(passes), example_inputs=inputs)
+    return model, gm, gm.meta["fxopt.memory_plan"]
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_plans_are_valid_and_optimal(name):
+    _, gm, plan = plan_of(name)
+    plan.verify()
+    assert not brute_overlaps(plan.buffers)
+    assert plan.lower_bound_bytes == brute_lower_bound(plan.buffers)
+    assert plan.arena_bytes == plan.lower_bound_bytes
+    record = fxopt.report_of(gm).find("plan_memory")[0]
+    assert record.stats["plan"] is plan
+    for b in plan.buffers:  # the timeline the visualization draws
+        assert {"name", "start", "end", "offset", "size"} <= set(vars(b))
+
+
+@pytest.mark.parametrize("name", ["unet", "densenet"])
+def test_concat_aware_placement_lowers_the_bound(name):
+    _, _, without = plan_of(name, ("inplace", "plan_memory{concat=false}"))
+    _, _, with_concat = plan_of(name)
+    assert with_concat.lower_bound_bytes < without.lower_bound_bytes
+    assert with_concat.concat_merged
+    with_concat.verify()
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_no_bound_ever_goes_up(name):
+    _, _, plain = plan_of(name, ("plan_memory{concat=false}",))
+    _, _, full = plan_of(name)
+    assert full.lower_bound_bytes <= plain.lower_bound_bytes
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_arena_run_is_bitwise_equal(name):
+    model, gm, plan = plan_of(name)
+    runner = ArenaRunner(gm)
+    lo, hi = runner.arena.data_ptr(), runner.arena.data_ptr() + runner.arena_bytes
+    for seed in (1, 2):
+        inputs = example_inputs(name, seed=seed)
+        with torch.no_grad():
+            assert torch.equal(runner(*inputs), model(*inputs))
+    # planned nodes write into the arena; fallbacks say why
+    assert runner.planned
+    assert runner.arena_bytes <= plan.arena_bytes
+    assert all(reason for reason in runner.unplanned.values())
+    seen = {}
+
+    class ArenaProbe(_ArenaInterpreter):
+        def run_node(self, n):
+            value = super().run_node(n)
+            if n.name in runner.planned and isinstance(value, torch.Tensor):
+                seen[n.name] = lo <= value.data_ptr() < hi
+            return value
+
+    with torch.no_grad():
+        ArenaProbe(runner).run(*example_inputs(name))
+    assert seen and all(seen.values())
+
+
+def test_unplanned_nodes_name_their_reason():
+    _, gm, _ = plan_of("resnet18")
+    runner = ArenaRunner(gm)
+    assert "no allocation-free out= kernel for Conv2d" in runner.unplanned["conv1"]
+    assert "returned by the graph" in runner.unplanned["fc"]
+
+
+def test_dynamic_shapes_are_left_unplanned_with_a_reason():
+    gm = make_fx(lambda x: torch.relu(x * 2) + 1, tracing_mode="symbolic")(torch.randn(4, 6))
+    out = fxopt.optimize(gm, passes=["plan_memory"])
+    plan = out.meta["fxopt.memory_plan"]
+    assert plan.buffers == []
+    assert "dynamic shape" in plan.unplanned["mul"]
+    assert out(torch.randn(5, 3)).shape == (5, 3)  # nothing was specialized
+
+
+def test_plan_needs_shapes():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    with pytest.raises(fxopt.FxoptError, match="example"):
+        fxopt.optimize(gm, passes=["plan_memory"])
+
+
+def test_runner_without_plan_is_a_clear_error():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    with pytest.raises(ArenaError, match="plan_memory"):
+        ArenaRunner(gm)
+
+
+def test_plan_memory_runs_after_inplace():
+    with pytest.raises(fxopt.FxoptError):
+        fxopt.optimize(fx.symbolic_trace(nn.ReLU()), passes=["plan_memory", "inplace"],
+                       example_inputs=(torch.randn(3),))
+
+
+def test_inplace_results_share_their_inputs_buffer():
+    """R15: after relu_ the relu's result lives in its input's buffer, planned as one."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    gm = fxopt.optimize(fx.symbolic_trace(model), passes=["inplace", "plan_memory"],
+                        example_inputs=(torch.randn(2, 8),))
+    plan = gm.meta["fxopt.memory_plan"]
+    relu = next(n for n in gm.graph.nodes if n.meta.get("fxopt.inplace"))
+    linear = relu.args[0]
+    assert plan.slots[relu.name].offset == plan.slots[linear.name].offset
+    assert not plan.slots[relu.name].owner
