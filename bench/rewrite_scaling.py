@@ -23,11 +23,11 @@ import operator
 import platform
 import time
 
+import fxopt.patterns as fp
 import torch
 import torch.fx as fx
 
 import fxopt.fused_ops  # noqa: F401 - torch.ops.fxopt.add_relu
-import fxopt.patterns as fp
 
 
 def build(kind: str, nodes: int) -> fx.GraphModule:

@@ -42,6 +42,8 @@ from fxopt.patterns.rules import (
     rule,
 )
 
+import fxopt.fused_ops  # noqa: F401 - the torch.ops.fxopt.* ops replacements call
+
 __all__ = [
     "ANY", "Canon", "Match", "ParamRef", "Rule", "RulePass", "apply_rules", "canonicalize",
     "dtype_in", "equals", "explain", "find_matches", "is_tensor", "only_used_by_match", "rank",

@@ -130,7 +130,13 @@ def _binary(op: str, alpha: bool) -> Adapter:
 def _hardtanh(args: tuple, kwargs: dict) -> tuple[str, list] | None:
     kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
     bound = _bind(args[:3], kwargs, [("self", _MISSING), ("min_val", -1.0), ("max_val", 1.0)])
-    return None if bound is None else ("hardtanh", [bound[0], float(bound[1]), float(bound[2])])
+    return None if bound is None else ("hardtanh", [bound[0], _float(bound[1]), _float(bound[2])])
+
+
+def _float(value: Any) -> Any:
+    """Numbers compare as floats (hardtanh(x, 0, 6) is hardtanh(x, 0.0, 6.0)); holes and
+    wildcards pass through."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _relu6(args: tuple, kwargs: dict) -> tuple[str, list] | None:

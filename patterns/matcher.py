@@ -189,10 +189,31 @@ class StructuralMatcher:
             yield from self._args(want.args, args, 0, (nodes, binds), g)
 
     def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
+        nodes, binds = state
+        # holes, literals and wildcards bind deterministically: a loop, not a generator each
+        while i < len(want):
+            p, t = want[i], have[i]
+            if isinstance(p, fx.Node):
+                if p.op != "placeholder":
+                    break
+                if p.target in binds:
+                    if not _same(binds[p.target], t):
+                        self.failure.note(len(nodes), f"argument {p.target!r} is bound to "
+                                                      f"{_describe(binds[p.target])} but here it would be {_describe(t)}")
+                        return
+                else:
+                    binds = {**binds, p.target: t}
+            elif isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
+                break
+            elif p is not ANY and not _literal_eq(p, t):
+                self.failure.note(len(nodes), f"node {g.name!r} argument {i}: pattern literal {p!r} "
+                                              f"does not match {_describe(t)}")
+                return
+            i += 1
         if i == len(want):
-            yield state
+            yield nodes, binds
             return
-        for next_state in self._arg(want[i], have[i], state, g, i):
+        for next_state in self._arg(want[i], have[i], (nodes, binds), g, i):
             yield from self._args(want, have, i + 1, next_state, g)
 
     def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterator[State]:

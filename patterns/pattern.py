@@ -44,6 +44,9 @@ class _PatternTracer(fx.Tracer):
             )
         return self.create_proxy("call_function", CalledModule(m), args, kwargs)
 
+    def create_arg(self, a: Any) -> Any:
+        return a if a is ANY else super().create_arg(a)
+
 
 def _signature(fn: Callable) -> str:
     try:

@@ -16,6 +16,7 @@ inputs' fake values) and record the nodes they replace (:mod:`fxopt.provenance`)
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -113,14 +114,23 @@ def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None
     for r in sorted(rules, key=lambda r: -len(r.pattern)):  # stable: ties keep the given order
         index.setdefault(r.anchor_op, []).append(r)
     counts = dict.fromkeys((r.name for r in rules), 0)
-    for _ in range(max_rounds):
-        if not _sweep(gm, index, counts, pass_name):
-            break
+    # a rewrite allocates a few objects per node but frees no cycles: the collector's full
+    # passes over a large graph would otherwise cost more than the matching itself
+    collecting = gc.isenabled()
+    gc.disable()
+    made_by: dict[fx.Node, Rule] = {}  # a rule never anchors at its own output (no loops)
+    try:
+        for _ in range(max_rounds):
+            if not _sweep(gm, index, counts, pass_name, made_by):
+                break
+    finally:
+        if collecting:
+            gc.enable()
     return counts
 
 
 def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, int],
-           pass_name: str | None) -> bool:
+           pass_name: str | None, made_by: dict[fx.Node, Rule]) -> bool:
     """One forward pass over the graph; True if another could find more (a rewrite created
     a node some rule anchors at, or a match was refused before a later rewrite, which may
     have removed the reason)."""
@@ -138,6 +148,8 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
         if not candidates:
             continue
         for r in candidates:
+            if made_by.get(node) is r:
+                continue
             matcher = matchers[id(r)]
             state = matcher.match(node)
             if state is None:
@@ -149,6 +161,8 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
             created, gone = rewrite(m, r, sweep, cache, attrs, pass_name or r.name)
             erased |= gone
             counts[r.name] += 1
+            for new in created:
+                made_by[new] = r
             again = again or refused or any(quick_op(n) in index for n in created)
             break
     return again
@@ -175,13 +189,16 @@ def rewrite(m: Match, r: Rule, sweep: SweepState, cache: dict[fx.Node, Canon | N
                 bound = getter
             env[rn] = bound
         for rn in r.replacement.body:
-            new = env[rn] = graph.create_node(rn.op, rn.target, fx.map_arg(rn.args, lookup),
-                                              fx.map_arg(rn.kwargs, lookup), rn.name)
+            # plain tuple/dict: fx's immutable containers send create_node down a slow path
+            args = tuple(fx.map_arg(rn.args, lookup))
+            kwargs = dict(fx.map_arg(rn.kwargs, lookup)) if rn.kwargs else {}
+            new = env[rn] = graph.create_node(rn.op, rn.target, args, kwargs, rn.name)
             created.append(new)
     outputs = fx.map_arg(r.replacement.output, lookup)
     new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     replaced = list(m.nodes.values())
-    _propagate_meta(m.gm, created)
+    if "val" in anchor.meta:
+        _propagate_meta(m.gm, created)
     for new in created:
         sweep.positions[new] = sweep.positions[anchor] - 0.5
         if new.op != "get_attr":
@@ -191,7 +208,8 @@ def rewrite(m: Match, r: Rule, sweep: SweepState, cache: dict[fx.Node, Canon | N
             cache.pop(user, None)
         old.replace_all_uses_with(new)
     erased: set[fx.Node] = set()
-    for g in sorted(replaced, key=lambda n: -sweep.positions[n]):
+    positions = sweep.positions
+    for g in sorted(replaced, key=positions.__getitem__, reverse=True):
         extras = list(cache[g].interior) if cache.get(g) else []
         if not g.users:
             graph.erase_node(g)

@@ -7,7 +7,6 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-
 CAPTURES = ("symbolic_trace", "dynamo", "export", "make_fx")
 
 

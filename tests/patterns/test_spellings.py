@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import operator
 
+import fxopt.patterns as fp
 import pytest
 import torch
 import torch.fx as fx
@@ -13,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxopt.fused_ops  # noqa: F401
-import fxopt.patterns as fp
 
 from .conftest import CAPTURES, capture
 
