@@ -183,13 +183,13 @@ def to_dot(
     span = (high - low) or 1.0
     builder = DotBuilder(getattr(root, "__class__", type(None)).__name__ if root is not None else "fx",
                          id_prefix, rankdir)
-    group_of: dict[str, str] = {}
+    group_of: dict[fx.Node, str] = {}  # node -> its box (keyed by object: names may repeat)
     groups: dict[tuple[str, ...], list[fx.Node]] = {}
     for node in fx_graph.nodes:
         path = module_path(node)
         if collapse_depth is not None and len(path) > collapse_depth:
             groups.setdefault(path[: collapse_depth + 1], []).append(node)
-            group_of[node.name] = "module:" + ".".join(path[: collapse_depth + 1])
+            group_of[node] = "module:" + ".".join(path[: collapse_depth + 1])
             continue
         rows = labels.node_rows(node, root, label_width, show_args)
         attrs = {"fillcolor": labels.op_colour(node.op), "tooltip": labels.tooltip(node, root),
@@ -198,8 +198,8 @@ def to_dot(
             value = values[node.name]
             attrs["fillcolor"] = scale_colour((value - low) / span)
             rows.append((labels.html_text(f"{overlay_title}: {overlay_format.format(value)}"), "small"))
-        builder.add(Item(node.name, labels.table(rows), path, attrs))
-        group_of[node.name] = node.name
+        group_of[node] = f"node:{len(group_of)}"
+        builder.add(Item(group_of[node], labels.table(rows), path, attrs))
     for path, members in groups.items():
         total = sum(values.get(n.name, 0.0) for n in members)
         rows = [(labels.html_text(".".join(path), label_width), "title"),
@@ -213,7 +213,7 @@ def to_dot(
     seen: set[tuple[str, str]] = set()
     for node in fx_graph.nodes:
         for source in node.all_input_nodes:
-            pair = (group_of[source.name], group_of[node.name])
+            pair = (group_of[source], group_of[node])
             if pair[0] != pair[1] and pair not in seen:
                 seen.add(pair)
                 builder.edge(*pair)

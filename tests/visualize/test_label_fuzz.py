@@ -84,6 +84,7 @@ def shown(svg: str) -> str:
 @given(graphs())
 def test_any_label_renders_and_reads_back(renderer: str, graph: fx.Graph) -> None:
     svg = render(graph, "svg")
+    assert svg.count('class="node fx_node ') == len(graph.nodes)  # one box each, even for equal names
     text_shown = shown(svg)
     for n in graph.nodes:
         assert clean(n.name, 60) in text_shown
