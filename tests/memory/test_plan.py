@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 from pathlib import Path
 
@@ -118,6 +119,7 @@ def test_minimalloc_instances_within_ten_percent(name):
     verify_placement(buffers, capacity=int(1048576 * 1.10))
 
 
+@functools.cache  # tests only read the plans: share them across tests
 def plan_of(name: str, passes=("inplace", "plan_memory")):
     model, inputs = ZOO[name](), example_inputs(name)
     gm = fxopt.optimize(fx.symbolic_trace(model), passes=list(passes), example_inputs=inputs)
