@@ -6,6 +6,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     passes = [*DEFAULT_PIPELINE, *(["plan_memory"] if "plan_memory" in registered_passes() else [])]
     print(f"fxopt demo: {type(model).__name__} traced with torch.fx.symbolic_trace, "
           f"passes {', '.join(passes)}, verify=True\n")
-    gm = _run(model, inputs, ",".join(passes), True, None if args.no_report else args.report)
+    report = args.report or str(Path(tempfile.mkdtemp(prefix="fxopt-demo-")) / "report.html")
+    gm = _run(model, inputs, ",".join(passes), True, None if args.no_report else report)
     error = (gm(*inputs) - model(*inputs)).abs().max().item()
     print(f"\nmax |optimized - original| on the example input: {error:.2e}")
     return 0
@@ -106,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--report", metavar="HTML", help="write the per-pass HTML report here")
     opt.set_defaults(fn=_cmd_optimize)
     demo = sub.add_parser("demo", help="optimize the bundled demo model and print the per-pass table")
-    demo.add_argument("--report", metavar="HTML", default="fxopt-demo-report.html",
-                      help="where to write the per-pass HTML report (default: %(default)s)")
+    demo.add_argument("--report", metavar="HTML",
+                      help="where to write the per-pass HTML report (default: a new temporary folder)")
     demo.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     demo.set_defaults(fn=_cmd_demo)
     return parser
