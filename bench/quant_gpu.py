@@ -200,6 +200,12 @@ def llama(out: dict, log) -> None:
 
     torch._dynamo.config.cache_size_limit = 64
     variants = {"bf16": compile_(gm), "fxopt_wo": compile_(wo), "fxopt_route": compile_(route)}
+    if INT4:
+        int4 = fq.quantize_model(gm, (x1,), "int4_weight_only", group_size=128)
+        with torch.no_grad():
+            checks["int4_min_layer_sqnr"] = fq.accuracy_report(gm, int4, (xs,)).min_layer_sqnr
+        log(f"int4 min layer SQNR {checks['int4_min_layer_sqnr']:.1f} dB")
+        variants["fxopt_int4"] = compile_(int4)
     with torch.no_grad():
         _, codes = run_and_get_code(variants["fxopt_wo"], x1)
         code = "\n".join(codes)
@@ -311,14 +317,15 @@ def fullgraph_dtypes(out: dict, log) -> None:
 
 
 def main() -> None:
-    global OUT, VIT_MAX_AUTOTUNE
+    global OUT, VIT_MAX_AUTOTUNE, INT4
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/quant_bench"))
     parser.add_argument("--only", default="llama,fullgraph,vit")
+    parser.add_argument("--int4", action="store_true", help="also time int4 weight-only (group 128)")
     parser.add_argument("--vit-max-autotune", action="store_true",
                         help="also compile the ViT with max_autotune_gemm (several minutes)")
     args = parser.parse_args()
-    OUT = args.out
+    OUT, INT4 = args.out, args.int4
     VIT_MAX_AUTOTUNE = args.vit_max_autotune
     os.makedirs(OUT, exist_ok=True)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -349,6 +356,7 @@ def main() -> None:
 
 OUT = ""
 VIT_MAX_AUTOTUNE = False
+INT4 = False
 
 if __name__ == "__main__":
     main()

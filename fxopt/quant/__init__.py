@@ -21,6 +21,7 @@ from fxopt.quant.observers import (
     Observer,
 )
 from fxopt.quant.passes import (
+    INT8_MODES,
     MODES,
     SUMMARY_KEY,
     InsertObservers,
@@ -31,7 +32,7 @@ from fxopt.quant.passes import (
 from fxopt.quant.sites import SPELLINGS, Site, find_sites
 
 __all__ = [
-    "MODES", "OBSERVERS", "SPELLINGS", "AccuracyReport", "HistogramObserver", "InsertObservers",
+    "INT8_MODES", "MODES", "OBSERVERS", "SPELLINGS", "AccuracyReport", "HistogramObserver", "InsertObservers",
     "MinMaxObserver", "MovingAverageObserver", "Observer", "QuantSummary", "Quantize", "Site",
     "SiteRecord", "accuracy_report", "calibrate", "cosine", "find_sites", "max_abs",
     "quantize_model", "sqnr", "summary_of",

@@ -34,6 +34,7 @@ _LIB = torch.library.Library("fxopt_quant", "DEF")
 #: int8 range used for symmetric schemes: -127..127 keeps zero exactly representable
 #: and the range symmetric, so a per-channel scale is just absmax / 127
 INT8_SYMMETRIC_MAX = 127
+INT4_SYMMETRIC_MAX = 7
 
 
 def _define_composite(schema: str, fn) -> None:
@@ -102,6 +103,46 @@ def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
     return out + bias.to(x.dtype) if bias is not None else out
 
 
+def pack_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Symmetric int4 (-7..7) per group of ``group_size`` along K of a ``[N, K]`` weight.
+
+    Returns ``(packed, scales)``: ``packed`` is ``[N, K/2]`` uint8 whose byte ``j`` holds
+    element ``j`` in its low nibble and element ``j + K/2`` in its high nibble, each offset
+    by 8 (this "split halves" layout lets a kernel unpack with a mask and a shift, no
+    interleaving); ``scales`` is ``[N, K/group_size]`` float32. K must be a multiple of
+    ``2 * group_size``.
+    """
+    n, k = w.shape
+    groups = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
+    scales = torch.clamp(groups.abs().amax(-1) / INT4_SYMMETRIC_MAX, min=torch.finfo(torch.float32).eps)
+    q = torch.clamp(torch.round(groups / scales[..., None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX)
+    u = (q.reshape(n, k) + 8).to(torch.uint8)
+    return (u[:, : k // 2] | (u[:, k // 2:] << 4)).contiguous(), scales
+
+
+def unpack_int4(packed: Tensor, scales: Tensor, group_size: int) -> Tensor:
+    """The float32 ``[N, K]`` weight that ``pack_int4`` encoded."""
+    u = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.float32) - 8
+    return u * scales.repeat_interleave(group_size, dim=-1)
+
+
+def int4_weight_only_linear_reference(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
+                                      bias: Tensor | None) -> Tensor:
+    """The definition of the int4 op: ``F.linear(x, unpack_int4(w, scales).to(x.dtype), bias)``."""
+    return F.linear(x, unpack_int4(w, scales, group_size).to(x.dtype),
+                    bias.to(x.dtype) if bias is not None else None)
+
+
+def _int4_cuda(x: Tensor, w: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+    from fxopt.quant import triton_kernels
+
+    return triton_kernels.int4_weight_only_linear(x, w, scales, group_size, bias)
+
+
+def _int4_fake(x: Tensor, w: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
 def _weight_only_cuda(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
     from fxopt.quant import triton_kernels  # triton is imported only where CUDA runs
 
@@ -134,6 +175,11 @@ _LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor?
 _LIB.impl("int8_weight_only_linear", int8_weight_only_linear_reference, "CPU")
 _LIB.impl("int8_weight_only_linear", _weight_only_cuda, "CUDA")
 torch.library.register_fake("fxopt_quant::int8_weight_only_linear")(_weight_only_fake)
+_LIB.define("int4_weight_only_linear(Tensor x, Tensor w, Tensor scales, int group_size, "
+            "Tensor? bias) -> Tensor")
+_LIB.impl("int4_weight_only_linear", int4_weight_only_linear_reference, "CPU")
+_LIB.impl("int4_weight_only_linear", _int4_cuda, "CUDA")
+torch.library.register_fake("fxopt_quant::int4_weight_only_linear")(_int4_fake)
 _define_composite("int8_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias, "
                   "int dynamic_min_tokens) -> Tensor", int8_linear)
 

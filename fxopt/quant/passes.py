@@ -45,11 +45,12 @@ from fxopt.errors import InputError
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.quant.observers import OBSERVERS, Observer, qparams_from_range, qrange
-from fxopt.quant.ops import INT8_SYMMETRIC_MAX, ops
+from fxopt.quant.ops import INT8_SYMMETRIC_MAX, ops, pack_int4
 from fxopt.quant.sites import Site, find_sites, is_weight_view
 from fxopt.registry import register_pass
 
-MODES = ("int8_static", "int8_dynamic", "int8_weight_only")
+INT8_MODES = ("int8_static", "int8_dynamic", "int8_weight_only")
+MODES = (*INT8_MODES, "int4_weight_only")
 SUMMARY_KEY = "fxopt.quant"
 SITE_KEY = "fxopt.quant.site"
 
@@ -130,7 +131,24 @@ def plan(gm: fx.GraphModule, options: dict[str, Any]) -> list[tuple[Site, str | 
     ends = {}
     if options["keep_first_last"] and eligible:
         ends = {eligible[-1].name: "last", eligible[0].name: "first"}
-    return [(s, *_selected_mode(s, options, ends.get(s.name))) for s in sites]
+    planned = []
+    for site in sites:
+        mode, reason = _selected_mode(site, options, ends.get(site.name))
+        if mode == "int4_weight_only" and (why := _int4_unsupported(site, options)):
+            mode, reason = None, why
+        planned.append((site, mode, reason))
+    return planned
+
+
+def _int4_unsupported(site: Site, options: dict[str, Any]) -> str | None:
+    """Why int4 weight-only cannot take a site (it packs 2-D weights in groups along K)."""
+    if not site.spelling.linear_like:
+        return f"int4_weight_only covers linear-like matmuls only, not {site.spelling.kind}"
+    group = options.get("group_size", 128)
+    k = site.weight_nk().shape[1]
+    if k % (2 * group):
+        return f"int4_weight_only needs K a multiple of 2*group_size={2 * group}, K={k}"
+    return None
 
 
 @register_pass
@@ -188,10 +206,11 @@ def _fresh_name(gm: fx.GraphModule, base: str) -> str:
 class _Builder:
     """Emits the quantized form of each site into ``gm``; quantizes each weight once."""
 
-    def __init__(self, gm: fx.GraphModule, fake_mode: Any, per_channel: bool, dynamic_min_tokens: int):
+    def __init__(self, gm: fx.GraphModule, fake_mode: Any, options: dict[str, Any]):
         self.gm, self.graph, self.fake_mode = gm, gm.graph, fake_mode
-        self.per_channel = per_channel
-        self.dynamic_min_tokens = dynamic_min_tokens
+        self.per_channel = options["per_channel"]
+        self.dynamic_min_tokens = options["dynamic_min_tokens"]
+        self.group_size = options["group_size"]
         self.weights: dict[tuple, tuple[str, str, str]] = {}  # key -> (int8, scale, first site)
         self.zero: str | None = None
         # sites come in graph order, so a node made for an earlier site comes before every
@@ -216,12 +235,18 @@ class _Builder:
             self.zero = self.attr("quant_zero_point", torch.zeros(()))
         return self.get(self.zero)
 
-    def quantized_weight(self, site: Site, linear: bool) -> tuple[str, str, str | None]:
+    def quantized_weight(self, site: Site, linear: bool, int4: bool = False) -> tuple[str, str, str | None]:
         """(int8 attr, scale attr, site it was first quantized for, if shared)."""
-        key = (id(site.weight), linear, site.stored_contracted())  # tied weights share a tensor
+        key = (id(site.weight), linear, site.stored_contracted(), int4)  # tied weights share a tensor
         if key in self.weights:
             q, s, first = self.weights[key]
             return q, s, first
+        base = site.weight_key.replace(".", "_")
+        if int4:
+            packed, scales = pack_int4(site.weight_nk(), self.group_size)
+            q, s = self.attr(f"{base}_int4", packed), self.attr(f"{base}_group_scale", scales)
+            self.weights[key] = (q, s, site.name)
+            return q, s, None
         w = (site.weight_nk() if linear else site.weight).detach().to(torch.float32)
         reduce = (1,) if linear else site.stored_contracted()
         if not self.per_channel:
@@ -229,7 +254,6 @@ class _Builder:
         lo, hi = w.amin(dim=reduce, keepdim=True), w.amax(dim=reduce, keepdim=True)
         scale, _ = qparams_from_range(lo, hi, symmetric=True)
         wq = torch.clamp(torch.round(w / scale), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX).to(torch.int8)
-        base = site.weight_key.replace(".", "_")
         if linear:
             scale = scale.reshape(-1).expand(w.shape[0]).contiguous()
             wq = wq.contiguous()
@@ -265,14 +289,17 @@ class _Builder:
             observer = self.gm.get_submodule(x.target)
             x = x.args[0]
         with self.graph.inserting_before(site.node):
-            q_name, s_name, shared = self.quantized_weight(site, linear)
+            q_name, s_name, shared = self.quantized_weight(site, linear, mode == "int4_weight_only")
             wq, ws = self.get(q_name), self.get(s_name)
             bias = self._bias(site)
             if mode == "int8_static":
                 x = self.qdq_static(x, observer)
             elif mode == "int8_dynamic" and not linear:
                 x = self.qdq_dynamic(x)
-            if linear and mode == "int8_weight_only":
+            if mode == "int4_weight_only":
+                out = self.graph.call_function(ops.int4_weight_only_linear.default,
+                                               (x, wq, ws, self.group_size, bias))
+            elif linear and mode == "int8_weight_only":
                 if self.dynamic_min_tokens > 0:
                     out = self.graph.call_function(ops.int8_linear.default,
                                                    (x, wq, ws, bias, self.dynamic_min_tokens))
@@ -331,6 +358,8 @@ class Quantize(Pass):
     options = {
         **SELECTION_OPTIONS,
         "per_channel": Option(bool, True, "one weight scale per output channel (else per tensor)"),
+        "group_size": Option(int, 128, "int4_weight_only: weights per scale along K",
+                             choices=(32, 64, 128, 256)),
         "dynamic_min_tokens": Option(int, 0, "weight-only mode: use int8 dynamic (int8 tensor cores) "
                                               "for inputs with at least this many rows; 0 = never"),
     }
@@ -345,8 +374,7 @@ class Quantize(Pass):
         if needs_observers and not observers:
             raise InputError("quantize: int8_static needs calibrated observers; run insert_observers, "
                              "then fxopt.quant.calibrate(gm, data), then quantize")
-        builder = _Builder(gm, ctx.analysis("shapes"), self.options["per_channel"],
-                           self.options["dynamic_min_tokens"])
+        builder = _Builder(gm, ctx.analysis("shapes"), self.options)
         summary = QuantSummary()
         for site, mode, reason in planned:
             if mode == "int8_static" and site.current_act() not in observers:

@@ -1,4 +1,5 @@
-"""Triton kernels for int8 weight-only linear layers: ``y = (x @ w.T) * scale + bias``.
+"""Triton kernels for weight-only linear layers: ``y = (x @ w.T) * scale + bias``, with ``w``
+int8 per channel, or int4 in groups along K (two per byte; ``int4_weight_only_linear``).
 
 The weight stays int8 in memory and is converted to the activation dtype in registers,
 so the bytes read are half of a bf16 GEMM's and no dequantized weight is ever written.
@@ -104,8 +105,83 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
              mask=(rm[None, :] < M) & n_mask[:, None])
 
 
+@triton.jit
+def _gemv_int4(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
+               stride_ym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               GROUP: tl.constexpr):
+    # w is [N, K/2] uint8: byte j holds element j (low nibble) and j + K/2 (high), each + 8;
+    # one block of K is one group, so each nibble half needs one scale per row
+    half = K // 2
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    m_mask = rm < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N, GROUP), dtype=tl.float32)
+    for k0 in tl.range(0, half, GROUP):
+        rk = k0 + tl.arange(0, GROUP)
+        p = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None], other=0)
+        s_lo = tl.load(s_ptr + rn * stride_sn + k0 // GROUP, mask=n_mask, other=0.0)
+        s_hi = tl.load(s_ptr + rn * stride_sn + (half + k0) // GROUP, mask=n_mask, other=0.0)
+        lo = ((p & 15).to(tl.float32) - 8.0) * s_lo[:, None]
+        hi = ((p >> 4).to(tl.float32) - 8.0) * s_hi[:, None]
+        x_lo = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None], other=0.0)
+        x_hi = tl.load(x_ptr + rm[:, None] * stride_xm + half + rk[None, :], mask=m_mask[:, None],
+                       other=0.0)
+        acc += x_lo.to(tl.float32)[:, None, :] * lo[None, :, :]
+        acc += x_hi.to(tl.float32)[:, None, :] * hi[None, :, :]
+    out = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _gemm_int4(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
+               stride_ym, M_BUCKET, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
+    # y.T = w @ x.T as in _gemm; each K block is one group of both nibble halves
+    half = K // 2
+    pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
+    pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    m_mask = rm < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in tl.range(0, half, GROUP):
+        rk = k0 + tl.arange(0, GROUP)
+        p = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None], other=0)
+        s_lo = tl.load(s_ptr + rn * stride_sn + k0 // GROUP, mask=n_mask, other=0.0)
+        s_hi = tl.load(s_ptr + rn * stride_sn + (half + k0) // GROUP, mask=n_mask, other=0.0)
+        xt_lo = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=m_mask[None, :], other=0.0)
+        xt_hi = tl.load(x_ptr + rm[None, :] * stride_xm + half + rk[:, None], mask=m_mask[None, :],
+                        other=0.0)
+        # nibble -> activation dtype (exact), times the scale in that dtype: one rounding
+        dt = xt_lo.dtype
+        lo = ((p & 15).to(tl.int8) - 8).to(dt) * s_lo[:, None].to(dt)
+        hi = ((p >> 4).to(tl.int8) - 8).to(dt) * s_hi[:, None].to(dt)
+        acc = tl.dot(lo, xt_lo, acc, input_precision=PRECISION)
+        acc = tl.dot(hi, xt_hi, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask[None, :] & n_mask[:, None])
+
+
+def _int4_gemv_configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w) for bn, w in [(8, 4), (16, 4), (32, 4), (16, 8)]]
+
+
+def _int4_gemm_configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=st)
+            for bn, bm, w, st in [(64, 16, 4, 3), (128, 16, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]]
+
+
 _gemv_tuned = triton.autotune(configs=_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv)
 _gemm_tuned = triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm)
+_gemv_int4_tuned = triton.autotune(configs=_int4_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv_int4)
+_gemm_int4_tuned = triton.autotune(configs=_int4_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm_int4)
 
 
 def _launch(tuned, kernel, configs, x: Tensor, grid, *args, **kwargs) -> None:
@@ -149,4 +225,34 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
         _launch(_gemm_tuned, _gemm, _gemm_configs(), x,
                 lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),),
                 *args, triton.next_power_of_2(m), HAS_BIAS=bias is not None, PRECISION=precision)
+    return y.reshape(*lead, n)
+
+
+def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
+                            bias: Tensor | None, kernel: str | None = None) -> Tensor:
+    """``x @ dequant(w).T + bias`` for int4 weights in groups of ``group_size`` along K.
+
+    ``w``: ``[N, K/2]`` uint8 packed as :func:`fxopt.quant.ops.pack_int4` does;
+    ``scales``: ``[N, K/group_size]`` float32. Dequantization happens in registers.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    n = w.shape[0]
+    x2d = x.reshape(-1, k).contiguous()
+    m = x2d.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*lead, n)
+    w, scales = w.contiguous(), scales.to(torch.float32).contiguous()
+    b = bias.contiguous() if bias is not None else scales
+    args = (x2d, w, scales, b, y, m, n, k, x2d.stride(0), w.stride(0), scales.stride(0), y.stride(0))
+    if kernel == "gemv" or (kernel is None and m <= GEMV_MAX_M):
+        _launch(_gemv_int4_tuned, _gemv_int4, _int4_gemv_configs(), x,
+                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
+                *args, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), GROUP=group_size)
+    else:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        _launch(_gemm_int4_tuned, _gemm_int4, _int4_gemm_configs(), x,
+                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),),
+                *args, triton.next_power_of_2(m), HAS_BIAS=bias is not None, PRECISION=precision,
+                GROUP=group_size)
     return y.reshape(*lead, n)

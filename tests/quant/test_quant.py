@@ -3,6 +3,7 @@ skip reasons, accuracy thresholds, dtypes, and bad input."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -123,7 +124,7 @@ def _inputs():
     return torch.randn(8, 32), torch.randn(2, 3, 8, 8)
 
 
-@pytest.mark.parametrize("mode", fq.MODES)
+@pytest.mark.parametrize("mode", fq.INT8_MODES)
 def test_every_torch_spelling_is_quantized(mode):
     model, inputs = Spellings().eval(), _inputs()
     data = [_inputs() for _ in range(4)] + [inputs]
@@ -215,7 +216,7 @@ def test_static_and_dynamic_meet_30db_on_a_conv_net():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("mode", fq.MODES)
+@pytest.mark.parametrize("mode", fq.INT8_MODES)
 def test_half_precision_models(dtype, mode):
     model, x = _mlp(dtype), torch.randn(16, 128, dtype=dtype)
     q = fq.quantize_model(model, (x,), mode, calibration_data=[(x,)])
@@ -365,7 +366,40 @@ def test_keyword_arguments_and_dot_T_weights():
             return torch.mm(h, mat2=self.v)
 
     model, x = Keywords().eval(), torch.randn(4, 32)
-    for mode in fq.MODES:
+    for mode in fq.INT8_MODES:
         q = fq.quantize_model(model, (x,), mode, calibration_data=[(torch.randn(64, 32),)])
         assert fq.summary_of(q).coverage == 1.0, mode
         assert fq.sqnr(model(x), q(x)) >= 30, mode
+
+
+# ---------------------------------------------------------------- int4 weight-only (stretch)
+
+def test_int4_pack_round_trip_and_group_scales():
+    from fxopt.quant.ops import pack_int4, unpack_int4
+
+    w = torch.randn(6, 256)
+    packed, scales = pack_int4(w, 64)
+    assert packed.dtype == torch.uint8 and packed.shape == (6, 128) and scales.shape == (6, 4)
+    back = unpack_int4(packed, scales, 64)
+    step = scales.repeat_interleave(64, dim=1)
+    assert torch.all((back - w).abs() <= step / 2 + 1e-6)
+    torch.testing.assert_close(scales, w.reshape(6, 4, 64).abs().amax(-1) / 7)
+
+
+def test_int4_weight_only_mode_skips_what_it_cannot_pack():
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 96), nn.ReLU(),
+                          nn.Linear(96, 10)).eval()
+    x = torch.randn(8, 256)
+    q = fq.quantize_model(model, (x,), "int4_weight_only", group_size=64)
+    by_name = {r.name: r for r in fq.summary_of(q).sites}
+    assert by_name["_0"].mode == by_name["_2"].mode == "int4_weight_only"
+    assert by_name["_4"].reason == "int4_weight_only needs K a multiple of 2*group_size=128, K=96"
+    assert fq.accuracy_report(model, q, (x,)).min_layer_sqnr >= 20  # 4 bits: ~6 dB per bit
+    # the graph equals the float network with dequantized int4 weights
+    from fxopt.quant.ops import unpack_int4
+
+    ref = copy.deepcopy(model)
+    for i in (0, 2):
+        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
+                                                 getattr(q, f"{i}_weight_group_scale"), 64))
+    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
