@@ -139,3 +139,15 @@ def test_chromium_harness_does_see_console_errors(browser, tmp_path: Path) -> No
     seen = browser(page)
     assert '<p id="x">hi</p>' in seen.dom
     assert "boom" in seen.console and any("Uncaught ReferenceError" in m for m in seen.console)
+
+
+def test_nested_pipeline_diffs_each_pass_against_the_next_changing_one(renderer, tmp_path: Path) -> None:
+    model, inputs = demo_model()
+    gm = fxopt.optimize(model, passes="remove_dropout,fixpoint{max_rounds=3}(cse,dce)", example_inputs=inputs)
+    page = write_report(gm, tmp_path / "r.html").read_text()
+    records = [r for _, r in fxopt.report_of(gm).walk()]
+    assert len(sections(page)) == len(records) == 6  # the fixpoint and both rounds of its children
+    summaries = re.findall(r'fx-diff-summary">([^<]*)<', page)
+    # each changing pass's diff shows only its own work: cse merges one node, dce drops one
+    assert summaries == [f"0 added, 1 removed, 0 changed, {n} unchanged nodes; {e} edges rewired"
+                         for n, e in ((24, 1), (23, 1), (22, 0))]
