@@ -31,10 +31,13 @@ GEMV_MAX_M = 2
 
 
 def _gemv_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-            for bn, bk, w in [(8, 256, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4),
-                              (8, 512, 4), (32, 128, 4), (64, 128, 8), (16, 1024, 8),
-                              (4, 1024, 4), (8, 1024, 8), (32, 512, 8), (64, 256, 8)]]
+    tiles = [(8, 256, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (8, 512, 4), (32, 128, 4),
+             (64, 128, 8), (16, 1024, 8), (4, 1024, 4), (8, 1024, 8), (32, 512, 8), (64, 256, 8)]
+    # deeper load pipelines keep more bytes in flight per SM, which a GEMV lives on
+    deep = [(16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 256, 8, 3)]
+    return ([triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w) for bn, bk, w in tiles]
+            + [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+               for bn, bk, w, st in deep])
 
 
 @triton.jit
