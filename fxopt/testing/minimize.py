@@ -5,9 +5,13 @@ removes the most per attempt:
 
 1. *re-root*: make a single node the graph's output (earliest first), dropping
    everything after it and everything it does not depend on;
-2. *cut*: turn a node into a fresh graph input of the same shape and dtype, dropping
+2. *inline*: replace a node computing a plain number (``x.shape[1] // 4``) by that number;
+3. *cut*: turn a node into a fresh graph input of the same shape and dtype, dropping
    everything it depended on;
-3. *bypass*: replace a node by one of its inputs of the same shape and dtype.
+4. *bypass*: replace a node by one of its inputs of the same shape and dtype;
+5. *delete*: remove an unused node that is kept only for its side effect.
+
+After each surgery, unused pure nodes go (in-place writes stay unless deleted in 5).
 
 A candidate is kept only if the check still fails on it; the loop repeats until no
 candidate is kept or the time is up. Candidates are built on copies, so the caller's
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from fxopt.analysis.effects import is_pure
 from fxopt.errors import EquivalenceError, InputError, ReferenceFailureError
 from fxopt.testing.equivalence import assert_equivalent
 from fxopt.testing.inputs import random_inputs
@@ -41,8 +46,10 @@ def pass_breaks(passes: Any, *, rtol: float | None = None, atol: float | None = 
     """A check for :func:`minimize`: true when running ``passes`` on a graph makes it
     compute something else (fresh inputs from ``meta['val']``, :func:`assert_equivalent`).
 
-    A graph the reference cannot run, or that the pass rejects with an error, does not
-    count as reproducing: minimizing must keep the *same* failure, not find another.
+    The rewrite is compared on the inputs the passes saw and on a second draw they did
+    not see (a pass may bake its example inputs in). A graph the reference cannot run,
+    or that the pass rejects with an error, does not count as reproducing: minimizing
+    must keep the *same* failure, not find another.
     """
     from fxopt.optimize import optimize  # lazily: fxopt.optimize imports this package
 
@@ -52,12 +59,13 @@ def pass_breaks(passes: Any, *, rtol: float | None = None, atol: float | None = 
             rewritten = optimize(gm, passes=passes, example_inputs=inputs)
         except Exception:
             return False
-        try:
-            assert_equivalent(gm, rewritten, inputs, rtol=rtol, atol=atol, seed=seed, localize=False)
-        except EquivalenceError:
-            return True
-        except ReferenceFailureError:
-            return False
+        for trial in (inputs, random_inputs(gm, seed=seed + 1)):
+            try:
+                assert_equivalent(gm, rewritten, trial, rtol=rtol, atol=atol, seed=seed, localize=False)
+            except EquivalenceError:
+                return True
+            except ReferenceFailureError:
+                return False
         return False
 
     return check
@@ -103,8 +111,10 @@ def _plan(gm: fx.GraphModule) -> list[tuple[Callable[..., bool], str, tuple[int,
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     plan: list[tuple[Callable[..., bool], str, tuple[int, ...]]] = []
     plan += [(_reroot, n.name, ()) for n in nodes]  # earliest root first: smallest graphs
+    plan += [(_inline, n.name, ()) for n in nodes]
     plan += [(_cut, n.name, ()) for n in reversed(nodes)]  # cutting late nodes drops the most
     plan += [(_bypass, n.name, (i,)) for n in reversed(nodes) for i in range(len(n.all_input_nodes))]
+    plan += [(_delete, n.name, ()) for n in nodes]
     return plan
 
 
@@ -160,6 +170,31 @@ def _first_non_placeholder(graph: fx.Graph) -> fx.Node | None:
     return next((n for n in graph.nodes if n.op != "placeholder"), None)
 
 
+_NUMBERS = (bool, int, float)
+
+
+def _inline(graph: fx.Graph, node: fx.Node) -> bool:
+    """Replace a node whose value is a plain number (or a size) by the number itself."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Size):
+        val = tuple(val)
+    numbers = isinstance(val, _NUMBERS) or (isinstance(val, tuple) and all(isinstance(v, _NUMBERS) for v in val))
+    if not numbers or not node.users or node.op == "placeholder":
+        return False
+    for user in list(node.users):
+        user.args = fx.map_arg(user.args, lambda n: val if n is node else n)
+        user.kwargs = fx.map_arg(user.kwargs, lambda n: val if n is node else n)
+    graph.erase_node(node)
+    return True
+
+
+def _delete(graph: fx.Graph, node: fx.Node) -> bool:
+    if node.users:
+        return False
+    graph.erase_node(node)
+    return True
+
+
 def _bypass(graph: fx.Graph, node: fx.Node, index: int) -> bool:
     val, source = _tensor_val(node), node.all_input_nodes[index]
     source_val = _tensor_val(source)
@@ -171,19 +206,11 @@ def _bypass(graph: fx.Graph, node: fx.Node, index: int) -> bool:
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:
-    """Remove every node the output does not depend on, side effects or not: the check
-    decides whether what is left still fails."""
+    """Remove unused pure nodes (repeatedly) and unused inputs; nodes kept for their
+    side effects (in-place writes) stay: they may be what the bug is about."""
     graph = gm.graph
-    output = next(n for n in graph.nodes if n.op == "output")
-    live: set[fx.Node] = set()
-    stack = [output]
-    while stack:
-        node = stack.pop()
-        if node not in live:
-            live.add(node)
-            stack.extend(node.all_input_nodes)
     for node in reversed(list(graph.nodes)):
-        if node not in live:
+        if not node.users and (is_pure(node) or node.op == "placeholder"):
             graph.erase_node(node)
     used = {n.target.split(".")[0] for n in graph.nodes if n.op in ("call_module", "get_attr")}
     for name, _ in list(gm.named_children()):

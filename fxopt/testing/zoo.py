@@ -25,18 +25,21 @@ from fxopt.numerics import tolerance_for
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Give every BatchNorm random running statistics and affine parameters."""
+def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BatchNorm random running statistics, and every norm layer random affine
+    parameters: at their defaults (mean 0, variance 1, weight 1, bias 0) a rewrite that
+    drops them, or folds them wrongly, would compute the same numbers."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_mean is not None:
-                n = m.num_features
-                m.running_mean.copy_(torch.rand(n, generator=generator) - 0.5)
-                m.running_var.copy_(torch.rand(n, generator=generator) * 1.5 + 0.5)
-                if m.affine:
-                    m.weight.copy_(torch.rand(n, generator=generator) + 0.5)
-                    m.bias.copy_(torch.rand(n, generator=generator) * 0.4 - 0.2)
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=generator) - 0.5)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=generator) * 1.5 + 0.5)
+            if isinstance(m, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)):
+                if getattr(m, "weight", None) is not None:
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=generator) + 0.5)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(torch.rand(m.bias.shape, generator=generator) * 0.4 - 0.2)
     return model
 
 
@@ -74,6 +77,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        scores = scores - scores.amax(-1, keepdim=True)  # the usual stabilization
         scores = scores.masked_fill(mask == 0, float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v
         return self.proj(out.transpose(1, 2).reshape(b, t, d))
@@ -106,19 +110,21 @@ class ViewsAndInPlace(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.rand(4, 1) + 0.5)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         y = x * self.scale  # (4, 12)
+        act = torch.relu(y)  # read before y is written through its views below
         v = y.view(4, 3, 4)
         v.add_(1.0)  # writes through the view into y
         t = v.permute(2, 0, 1).contiguous()
         t.relu_()
         z = t.reshape(-1, 6)
         z[:, 0].copy_(z[:, 1] * 2.0)
+        before = y.sum()
         w = y.transpose(0, 1)[2:8]
-        w.mul_(0.5)  # y changes again, after z was taken
+        w.mul_(0.5)  # y changes again, after z was taken: y.sum() differs from `before`
         r = torch.flatten(z, 0)
-        r += y.sum()
-        return y, r.unsqueeze(0).expand(2, -1).clone()
+        r += y.sum() - before
+        return y, r.unsqueeze(0).expand(2, -1).clone(), act
 
 
 class UNetBlock(nn.Module):
@@ -219,7 +225,7 @@ class ZooCase:
 
     def model(self, dtype: torch.dtype = torch.float32) -> nn.Module:
         torch.manual_seed(0)
-        return randomize_batchnorm(self.build()).eval().to(dtype)
+        return randomize_norms(self.build()).eval().to(dtype)
 
     def inputs(self, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[Any, ...]:
         return self.make_inputs(dtype, torch.Generator().manual_seed(seed))
