@@ -8,15 +8,16 @@ tensors with explicit scales, so a quantized graph is an ordinary graph that
 Two kinds of op:
 
 - *Decomposing* ops (``quantize``, ``dequantize``, ``dynamic_scale``,
-  ``int8_dynamic_linear``) are registered as ``CompositeImplicitAutograd``: their Python
+  ``int8_dynamic_linear``, ``int8_linear``) are registered as ``CompositeImplicitAutograd``: their Python
   body is their decomposition. Tracing (Dynamo, AOT, make_fx) inlines them into aten ops,
   so Inductor fuses the rounding, clamping and scaling into neighbouring kernels, and
   ``torch._int_mm`` reaches Inductor's int8 GEMM lowering. They need no fake impl:
   the decomposition runs on fake tensors.
-- ``int8_weight_only_linear`` is *opaque*: on CUDA it runs a Triton kernel that reads the
-  int8 weight and dequantizes it in registers (no dequantized weight is ever written),
-  elsewhere the reference ``F.linear(x, w.to(x.dtype)) * scale``. It has a fake impl so
-  graphs holding it compile with ``fullgraph=True``.
+- ``int8_weight_only_linear`` and ``int4_weight_only_linear`` are *opaque*: on CUDA they
+  run Triton kernels that read the int8 (int4) weight and dequantize it in registers (no
+  dequantized weight is ever written), elsewhere their reference definition, e.g.
+  ``F.linear(x, w.to(x.dtype)) * scale``. Fake impls let graphs holding them compile with
+  ``fullgraph=True``.
 
 Scales and zero points are stored already shaped to broadcast against the tensor they
 describe (``[]`` per tensor, ``[N, 1]`` per output channel of a ``[N, K]`` weight), so one
@@ -31,8 +32,8 @@ from torch import Tensor
 
 _LIB = torch.library.Library("fxopt_quant", "DEF")
 
-#: int8 range used for symmetric schemes: -127..127 keeps zero exactly representable
-#: and the range symmetric, so a per-channel scale is just absmax / 127
+#: ranges of the symmetric schemes: -127..127 (-7..7) keeps zero exactly representable
+#: and the range symmetric, so a per-channel (per-group) scale is just absmax / 127 (/ 7)
 INT8_SYMMETRIC_MAX = 127
 INT4_SYMMETRIC_MAX = 7
 
