@@ -348,7 +348,7 @@ def operator_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
 
 @register_pass
 class Quantize(Pass):
-    """Quantize every matmul with a constant weight to int8 (static QDQ, dynamic or weight-only).
+    """Quantize every matmul with a constant weight: int8 static QDQ, dynamic or weight-only; int4 weight-only.
 
     Sites are every spelling of a matmul with a constant weight (see fxopt.quant.sites);
     skipped ones are reported with their reason in the stats and gm.meta['fxopt.quant'].
