@@ -25,18 +25,21 @@ from fxopt.snapshot import GraphSnapshot
 from . import labels
 from .renderer import emit
 
-GraphLike = fx.GraphModule | fx.Graph | GraphSnapshot
+GraphLike = fx.GraphModule | fx.Graph | GraphSnapshot | torch.export.ExportedProgram
 
 
 def as_graph(graph: GraphLike) -> tuple[fx.Graph, torch.nn.Module | None]:
-    """The fx.Graph behind a GraphModule, Graph or snapshot, and its module (if any)."""
+    """The fx.Graph behind a GraphModule, Graph, snapshot or ExportedProgram, and its module."""
+    if isinstance(graph, torch.export.ExportedProgram):
+        graph = graph.graph_module
     if isinstance(graph, fx.GraphModule):
         return graph.graph, graph
     if isinstance(graph, fx.Graph):
         return graph, graph.owning_module
     if isinstance(graph, GraphSnapshot):
         return graph.build(), None
-    raise TypeError(f"expected a GraphModule, fx.Graph or GraphSnapshot, got {type(graph).__name__}")
+    raise TypeError(f"expected a GraphModule, fx.Graph, GraphSnapshot or ExportedProgram, "
+                    f"got {type(graph).__name__}")
 
 
 def module_path(node: fx.Node) -> tuple[str, ...]:

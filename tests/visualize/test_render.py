@@ -99,9 +99,10 @@ def test_shapes_come_from_meta_and_their_absence_is_fine(renderer: str) -> None:
     texts = svg_texts(render(traced, "svg"))
     assert not any("f32[" in t for t in texts)
     assert any(t.startswith("stem (Conv2d)") for t in texts)
-    exported = torch.export.export(model, inputs).module()
-    texts = svg_texts(render(exported, "svg"))
-    assert "f32[2, 16, 32, 32]" in texts and "f32[2, 3, 32, 32]" in texts
+    program = torch.export.export(model, inputs)
+    for exported in (program, program.module()):  # an ExportedProgram, and its GraphModule
+        texts = svg_texts(render(exported, "svg"))
+        assert "f32[2, 16, 32, 32]" in texts and "f32[2, 3, 32, 32]" in texts
 
 
 def test_meta_with_junk_never_breaks_a_label(renderer: str) -> None:
