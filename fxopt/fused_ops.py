@@ -1,6 +1,6 @@
 """Fused inference ops that the stock rules rewrite into: ``torch.ops.fxopt.*``.
 
-Each is a ``torch.library`` custom op with three faces:
+Each is a ``torch.library`` operator with three faces:
 
 - **eager, CUDA**: one kernel where one exists: cuDNN's fused conv+bias+ReLU
   (``torch.cudnn_convolution_relu``) and conv+bias+add+ReLU
@@ -20,6 +20,7 @@ Importing this module registers the ops; :mod:`fxopt.patterns.stock` imports it.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -66,50 +67,50 @@ def linear_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Ten
 
 # --- the ops ------------------------------------------------------------------------------
 
-@torch.library.custom_op("fxopt::add_relu", mutates_args=())
 def add_relu(a: Tensor, b: Tensor) -> Tensor:
     """relu(a + b), with the ReLU applied in place on the sum."""
     return torch.add(a, b).relu_()
 
 
-@add_relu.register_kernel("cuda")
 def _add_relu_cuda(a: Tensor, b: Tensor) -> Tensor:
     if _triton_applies(a, b):
         return _triton_add_relu(a, b)
     return torch.add(a, b).relu_()
 
 
-@torch.library.custom_op("fxopt::conv_bias_relu", mutates_args=())
 def conv_bias_relu(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
                    padding: list[int], dilation: list[int], groups: int) -> Tensor:
     """relu(conv(x, weight, bias)), the ReLU in place on the convolution's output."""
     return _conv(x, weight, bias, stride, padding, dilation, groups).relu_()
 
 
-@conv_bias_relu.register_kernel("cuda")
 def _conv_bias_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
                          padding: list[int], dilation: list[int], groups: int) -> Tensor:
     if _cudnn_applies(x, weight, bias):
-        return torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+        try:
+            return torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+        except RuntimeError as exc:  # no fused engine for this configuration in this cuDNN
+            _cudnn_unavailable(exc)
     return _conv(x, weight, bias, stride, padding, dilation, groups).relu_()
 
 
-@torch.library.custom_op("fxopt::conv_bias_add_relu", mutates_args=())
 def conv_bias_add_relu(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor, alpha: float,
                        stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
     """relu(conv(x, weight, bias) + alpha * z), add and ReLU in place on the conv output."""
     return _conv_add_relu_inplace(x, weight, bias, z, alpha, stride, padding, dilation, groups)
 
 
-@conv_bias_add_relu.register_kernel("cuda")
 def _conv_bias_add_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor, alpha: float,
                              stride: list[int], padding: list[int], dilation: list[int],
                              groups: int) -> Tensor:
     if _cudnn_applies(x, weight, bias, z):
         out_shape = conv_bias_relu_fake_shape(x, weight, stride, padding, dilation)
         if tuple(z.shape) == out_shape:
-            return torch.cudnn_convolution_add_relu(x, weight, z, alpha, bias, stride, padding,
-                                                    dilation, groups)
+            try:
+                return torch.cudnn_convolution_add_relu(x, weight, z, alpha, bias, stride, padding,
+                                                        dilation, groups)
+            except RuntimeError as exc:
+                _cudnn_unavailable(exc)
     return _conv_add_relu_inplace(x, weight, bias, z, alpha, stride, padding, dilation, groups)
 
 
@@ -121,13 +122,11 @@ def _conv_add_relu_inplace(x: Tensor, weight: Tensor, bias: Tensor | None, z: Te
     return out.add_(z, alpha=alpha).relu_()
 
 
-@torch.library.custom_op("fxopt::linear_relu", mutates_args=())
 def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """relu(linear(x, weight, bias)), the ReLU in place on the GEMM's output."""
     return F.linear(x, weight, bias).relu_()
 
 
-@linear_relu.register_kernel("cuda")
 def _linear_relu_cuda(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if bias is not None and x.dim() >= 2 and x.dtype in _CUDNN_DTYPES and x.dtype == weight.dtype == bias.dtype:
         flat = x.reshape(-1, x.shape[-1])
@@ -145,17 +144,45 @@ def conv_bias_relu_fake_shape(x: Tensor, weight: Tensor, stride: Sequence[int], 
     return (x.shape[0], weight.shape[0], *spatial)
 
 
+_CUDNN_FUSION_BROKEN = False
+
+
+def _cudnn_unavailable(exc: Exception) -> None:
+    """Fall back to the unfused kernels from now on, and say so once."""
+    global _CUDNN_FUSION_BROKEN
+    _CUDNN_FUSION_BROKEN = True
+    warnings.warn(f"cuDNN's fused convolution kernels failed ({exc}); fxopt's fused conv ops "
+                  "run unfused (conv, then in-place add/ReLU) from now on", stacklevel=3)
+
+
 def _cudnn_applies(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None = None) -> bool:
     """cuDNN's fused kernels: 2-d convolutions, one floating dtype throughout."""
     tensors = [t for t in (x, weight, bias, z) if t is not None]
-    return (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled and x.dim() == 4
+    return (not _CUDNN_FUSION_BROKEN and torch.backends.cudnn.is_available()
+            and torch.backends.cudnn.enabled and x.dim() == 4
             and x.dtype in _CUDNN_DTYPES and all(t.dtype == x.dtype and t.is_cuda for t in tensors))
 
 
-for _op, _reference in ((add_relu, add_relu_reference), (conv_bias_relu, conv_bias_relu_reference),
-                        (conv_bias_add_relu, conv_bias_add_relu_reference),
-                        (linear_relu, linear_relu_reference)):
-    _op.register_fake(_reference)
+# Defined with the low-level torch.library API rather than @custom_op: a call then costs
+# the dispatcher's few microseconds instead of custom_op's ~30, which matters in eager
+# mode where every fused conv is one call.
+_LIB = torch.library.Library("fxopt", "DEF")
+for _schema, _generic, _cuda, _reference in (
+    ("add_relu(Tensor a, Tensor b) -> Tensor", add_relu, _add_relu_cuda, add_relu_reference),
+    ("conv_bias_relu(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+     "int[] dilation, int groups) -> Tensor", conv_bias_relu, _conv_bias_relu_cuda,
+     conv_bias_relu_reference),
+    ("conv_bias_add_relu(Tensor x, Tensor weight, Tensor? bias, Tensor z, float alpha, int[] stride, "
+     "int[] padding, int[] dilation, int groups) -> Tensor", conv_bias_add_relu,
+     _conv_bias_add_relu_cuda, conv_bias_add_relu_reference),
+    ("linear_relu(Tensor x, Tensor weight, Tensor? bias) -> Tensor", linear_relu, _linear_relu_cuda,
+     linear_relu_reference),
+):
+    _name = _schema.split("(")[0]
+    _LIB.define(_schema)
+    _LIB.impl(_name, _generic, "CompositeExplicitAutograd")
+    _LIB.impl(_name, _cuda, "CUDA")
+    torch.library.register_fake(f"fxopt::{_name}", _reference, lib=_LIB)
 
 
 # --- add+ReLU as one Triton kernel ----------------------------------------------------------

@@ -386,8 +386,45 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     return _generic(target, tuple(args), dict(kwargs))
 
 
+_TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int, aten.numpy_T.default}
+
+
+def _transposed_source(value: Any) -> fx.Node | None:
+    """``w`` if ``value`` is the node ``aten.t(w)`` (or its permute/transpose spelling)."""
+    if not (isinstance(value, fx.Node) and value.op == "call_function" and value.target in _TRANSPOSES):
+        return None
+    extra = value.args[1:]
+    if value.target is aten.permute.default and list(extra[0]) != [1, 0]:
+        return None
+    if value.target is aten.transpose.int and sorted(d % 2 for d in extra) != [0, 1]:
+        return None
+    return value.args[0] if isinstance(value.args[0], fx.Node) else None
+
+
+def _aten_linear(node: fx.Node) -> Canon | None:
+    """make_fx spells ``linear`` as ``addmm(b, x, t(w))`` (or ``mm(x, t(w))``): read it back,
+    with the transpose as part of the op."""
+    if node.kwargs and any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")):
+        return None
+    if node.target is aten.addmm.default and len(node.args) == 3:
+        bias, x, wt = node.args
+    elif node.target is aten.mm.default and len(node.args) == 2:
+        (x, wt), bias = node.args, None
+    else:
+        return None
+    weight = _transposed_source(wt)
+    if weight is None or (isinstance(bias, fx.Node) and bias.meta.get("val") is not None
+                          and bias.meta["val"].dim() != 1):
+        return None
+    return Canon("linear", (x, weight, bias), False, (wt,))
+
+
 def canonicalize(node: fx.Node) -> Canon | None:
     """The canonical form of ``node``; None for placeholders, outputs and get_attr."""
+    if node.op == "call_function" and node.target in (aten.addmm.default, aten.mm.default):
+        linear = _aten_linear(node)
+        if linear is not None:
+            return linear
     if node.op == "call_function":
         if node.target is operator.getitem and node.args[1:] == (0,) and isinstance(node.args[0], fx.Node):
             source = node.args[0]
@@ -416,9 +453,10 @@ def canonicalize(node: fx.Node) -> Canon | None:
 def quick_op(node: fx.Node) -> str | None:
     """The canonical op name of ``node`` without binding its arguments: the cheap key the
     matcher indexes anchors by (the full canonical form is computed only for candidates)."""
-    canon = canonicalize(node) if node.op == "call_module" or node.target is operator.getitem else None
-    if canon is not None:
-        return canon.op
+    if node.op == "call_module" or node.op == "call_function" and _spans(node.target):
+        canon = canonicalize(node)
+        if canon is not None:
+            return canon.op
     if node.op == "call_function":
         try:
             entry = _FUNCTIONS.get(node.target)
@@ -436,3 +474,14 @@ def quick_op(node: fx.Node) -> str | None:
             return _METHODS[node.target][0]
         return node.target.rstrip("_") if node.target.endswith("_") else node.target
     return None
+
+
+#: targets whose canonical op depends on their inputs (a getitem of a batch norm is one)
+_SPANNING = frozenset({operator.getitem, aten.addmm.default, aten.mm.default})
+
+
+def _spans(target: Any) -> bool:
+    try:
+        return target in _SPANNING
+    except TypeError:
+        return False

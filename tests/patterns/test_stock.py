@@ -1,0 +1,213 @@
+"""The stock rules on models with random BN statistics: numerical equivalence, what
+they fold and fuse, and what they must leave alone; at torch level and ATen level."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxopt
+import fxopt.fused_ops as fused_ops
+from fxopt.models import mobilenet_v2, resnet18
+
+from .conftest import capture, ops, randomize_bn
+
+FOLD = ["fold_conv_bn"]
+FUSE = ["fold_conv_bn", "fuse_conv_bn_relu", "fuse_add_relu", "fuse_linear_relu"]
+
+
+def _optimize(gm: fx.GraphModule, args: tuple, passes: list[str]) -> fx.GraphModule:
+    return fxopt.optimize(gm, passes=passes, example_inputs=args)
+
+
+def _bn_ops(gm: fx.GraphModule) -> int:
+    return sum("batch_norm" in name.lower() or "batchnorm" in name.lower() for name in ops(gm))
+
+
+def _fresh(args: tuple) -> tuple:
+    return tuple(torch.randn_like(a) if a.is_floating_point() and a.dim() >= 2 and not isinstance(a, nn.Parameter)
+                 else a for a in args)
+
+
+class ConvBN(nn.Module):
+    def __init__(self, conv: nn.Module, bn: nn.Module, relu: bool = False):
+        super().__init__()
+        self.conv, self.bn, self.relu = conv, bn, relu
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return F.relu(y) if self.relu else y
+
+
+CASES = {
+    "conv1d": (lambda: ConvBN(nn.Conv1d(3, 6, 3), nn.BatchNorm1d(6)), (2, 3, 10)),
+    "conv2d": (lambda: ConvBN(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6)), (2, 3, 8, 8)),
+    "conv3d": (lambda: ConvBN(nn.Conv3d(3, 6, 3), nn.BatchNorm3d(6)), (2, 3, 5, 5, 5)),
+    "conv2d_nobias_grouped": (lambda: ConvBN(nn.Conv2d(4, 8, 3, bias=False, groups=2, stride=2),
+                                             nn.BatchNorm2d(8)), (2, 4, 9, 9)),
+    "conv_transpose2d": (lambda: ConvBN(nn.ConvTranspose2d(3, 6, 3, stride=2, output_padding=1),
+                                        nn.BatchNorm2d(6)), (2, 3, 5, 5)),
+    "affine_false": (lambda: ConvBN(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6, affine=False)), (2, 3, 8, 8)),
+    "linear_bn1d": (lambda: ConvBN(nn.Linear(5, 7), nn.BatchNorm1d(7)), (4, 5)),
+    "conv_bn_relu": (lambda: ConvBN(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), relu=True), (2, 3, 8, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("how", ["symbolic_trace", "export", "make_fx"])
+def test_fold_conv_bn_is_equivalent(case: str, how: str) -> None:
+    make, shape = CASES[case]
+    torch.manual_seed(0)
+    model = randomize_bn(make()).eval()
+    x = torch.randn(shape)
+    gm, args = capture(model, (x,), how)
+    expected = gm(*args)
+    out = _optimize(gm, args, FUSE)
+    assert _bn_ops(out) == 0, ops(out)
+    torch.testing.assert_close(out(*args), expected, rtol=1e-4, atol=1e-5)
+    fresh = torch.randn(shape)
+    torch.testing.assert_close(out(fresh), model(fresh), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["conv2d", "conv_bn_relu", "linear_bn1d"])
+def test_dynamo_graph_with_parameters_as_placeholders(case: str) -> None:
+    make, shape = CASES[case]
+    model = randomize_bn(make()).eval()
+    gm, args = capture(model, (torch.randn(shape),), "dynamo")
+    gm.eval()  # a GraphModule starts in training mode: inference-only passes would skip it
+    assert any(n.op == "placeholder" and "weight" in n.name for n in gm.graph.nodes)
+    expected = gm(*args)
+    out = _optimize(gm, args, FUSE)
+    assert _bn_ops(out) == 0, ops(out)
+    torch.testing.assert_close(out(*args), expected, rtol=1e-4, atol=1e-5)
+
+
+class Untouchable(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4, track_running_stats=kind != "no_running_stats")
+        self.convt = nn.ConvTranspose2d(4, 4, 3, groups=2)
+        self.bnt = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.kind == "conv_output_reused":
+            return self.bn(y) + y
+        if self.kind == "grouped_transpose":
+            return self.bnt(self.convt(y))
+        return self.bn(y)
+
+
+@pytest.mark.parametrize("kind", ["training", "no_running_stats", "conv_output_reused", "grouped_transpose"])
+def test_left_alone(kind: str) -> None:
+    model = randomize_bn(Untouchable(kind))
+    model.train(kind == "training")
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    before = _bn_ops(gm)
+    out = fxopt.optimize(gm, passes=FOLD, example_inputs=(x,))
+    assert _bn_ops(out) == before == 1
+    if kind != "training":  # a training-mode run would update the statistics again
+        torch.testing.assert_close(out(x), expected)
+
+
+class SharedWeight(nn.Module):
+    """One conv (one weight) feeding two different BatchNorms."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.bn1, self.bn2 = nn.BatchNorm2d(5), nn.BatchNorm2d(5)
+        self.other = nn.Conv2d(3, 5, 3)
+        self.other.weight = self.conv.weight  # the same Parameter in two modules
+
+    def forward(self, x):
+        return self.bn1(self.conv(x)) + self.bn2(self.other(x)) + self.bn2(self.conv(x * 2))
+
+
+def test_shared_weights_fold_into_separate_tensors_and_stay_intact() -> None:
+    model = randomize_bn(SharedWeight()).eval()
+    original = model.conv.weight.detach().clone()
+    x = torch.randn(2, 3, 8, 8)
+    out = fxopt.optimize(model, passes=FOLD, example_inputs=(x,), verify=True)
+    assert _bn_ops(out) == 0
+    torch.testing.assert_close(out(x), model(x), rtol=1e-4, atol=1e-5)
+    assert torch.equal(model.conv.weight, original)  # never written in place
+    assert model.other.weight is model.conv.weight
+
+
+@pytest.mark.parametrize("factory", [resnet18, mobilenet_v2], ids=["resnet18", "mobilenet_v2"])
+def test_default_pipeline_on_zoo_models(factory) -> None:
+    torch.manual_seed(0)
+    model = factory()
+    x = torch.randn(1, 3, 64, 64)
+    out = fxopt.optimize(model, example_inputs=(x,))
+    assert _bn_ops(out) == 0
+    torch.testing.assert_close(out(x), model(x), rtol=1e-3, atol=1e-4)
+    if factory is resnet18:  # basic blocks: conv+bn+relu and conv+bn+add+relu
+        names = ops(out)
+        assert names.count("conv_bias_add_relu") == 8 and names.count("conv_bias_relu") == 9, names
+
+
+def test_fuse_linear_relu_and_add_relu() -> None:
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x, y):
+            return F.relu(self.fc(x)) + torch.relu(x + y)
+
+    model = M().eval()
+    x, y = torch.randn(3, 6), torch.randn(3, 6)
+    out = fxopt.optimize(model, passes=["fuse_linear_relu", "fuse_add_relu"], example_inputs=(x, y))
+    assert "linear_relu" in ops(out) and "add_relu" in ops(out) and "relu" not in ops(out)
+    torch.testing.assert_close(out(x, y), model(x, y))
+
+
+def test_inference_only_passes_skip_training_graphs() -> None:
+    model = ConvBN(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), relu=True).train()
+    out = fxopt.optimize(model, passes=FUSE, example_inputs=(torch.randn(2, 3, 8, 8),))
+    assert _bn_ops(out) == 1
+
+
+# --- the fused ops themselves --------------------------------------------------------------
+
+def test_fused_ops_cpu_fallbacks_broadcast_and_promote() -> None:
+    a, b = torch.randn(4, 1, 5), torch.randn(3, 1)
+    torch.testing.assert_close(torch.ops.fxopt.add_relu(a, b), torch.relu(a + b))
+    half, full = torch.randn(4, 5, dtype=torch.float16), torch.randn(4, 5)
+    promoted = torch.ops.fxopt.add_relu(half, full)
+    assert promoted.dtype == torch.float32
+    torch.testing.assert_close(promoted, torch.relu(half + full))
+    x, w, bias = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    for z in (torch.randn(2, 4, 6, 6), torch.randn(4, 1, 1), torch.randn(2, 4, 6, 6, dtype=torch.float64)):
+        torch.testing.assert_close(
+            torch.ops.fxopt.conv_bias_add_relu(x, w, bias, z, 0.5, [1, 1], [0, 0], [1, 1], 1),
+            fused_ops.conv_bias_add_relu_reference(x, w, bias, z, 0.5, [1, 1], [0, 0], [1, 1], 1))
+    xs, wl = torch.randn(2, 3, 5), torch.randn(4, 5)
+    torch.testing.assert_close(torch.ops.fxopt.linear_relu(xs, wl, None), F.relu(F.linear(xs, wl)))
+
+
+def test_inductor_sees_through_fused_ops() -> None:
+    """With Inductor's decomposition table the fused ops become plain aten ops again."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b, z):
+        y = torch.ops.fxopt.conv_bias_add_relu(x, w, b, z, 1.0, [1, 1], [1, 1], [1, 1], 1)
+        return torch.ops.fxopt.add_relu(y, z)
+
+    args = (torch.randn(1, 3, 6, 6), torch.randn(3, 3, 3, 3), torch.randn(3), torch.randn(1, 3, 6, 6))
+    traced = make_fx(f, decomposition_table=select_decomp_table())(*args)
+    targets = {str(n.target) for n in traced.graph.nodes if n.op == "call_function"}
+    assert not any("fxopt" in t for t in targets), targets
+    assert any("convolution" in t for t in targets) and any("relu" in t for t in targets)
+    torch.testing.assert_close(traced(*args), f(*args))
