@@ -66,7 +66,10 @@ def _functional_linear(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
 
 def _batch_norm_with(bn: nn.modules.batchnorm._BatchNorm) -> Kernel:
     """Eval-mode batch norm through ``native_batch_norm.out`` (CPU: the kernel F.batch_norm runs)."""
-    empty = torch.empty(0, device=bn.running_mean.device, dtype=bn.running_mean.dtype)
+    # the (unused, eval-mode) statistics outputs are float32 for reduced-precision inputs
+    stats = bn.running_mean.dtype
+    stats = torch.float32 if stats in (torch.float16, torch.bfloat16) else stats
+    empty = torch.empty(0, device=bn.running_mean.device, dtype=stats)
 
     def run(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
         torch.ops.aten.native_batch_norm.out(args[0], bn.weight, bn.bias, bn.running_mean,

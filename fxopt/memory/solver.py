@@ -42,24 +42,37 @@ class Solution:
 
 def greedy(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Place buffers in ``order``, each in the smallest gap that fits (best fit) or on top."""
-    n = len(sizes)
-    offsets = np.zeros(n, dtype=np.int64)
-    p_start = np.empty(n, dtype=np.int64)
-    p_end = np.empty(n, dtype=np.int64)
-    p_lo = np.empty(n, dtype=np.int64)
-    p_hi = np.empty(n, dtype=np.int64)
-    for k, i in enumerate(order):
-        size = int(sizes[i])
-        hits = np.flatnonzero((p_start[:k] <= ends[i]) & (p_end[:k] >= starts[i]))
-        best, best_gap, cursor = -1, None, 0
-        if len(hits):
-            lo, hi = p_lo[hits], p_hi[hits]
-            sort = np.argsort(lo, kind="stable")
-            for a, b in zip(lo[sort].tolist(), hi[sort].tolist()):
-                gap = a - cursor
-                if gap >= size and (best_gap is None or gap < best_gap):
-                    best, best_gap = cursor, gap
-                cursor = max(cursor, b)
+    return _compiled("greedy")(starts.astype(np.int64), ends.astype(np.int64), sizes.astype(np.int64),
+                               order.astype(np.int64))
+
+
+def _greedy_py(starts, ends, sizes, order):
+    n = sizes.shape[0]
+    offsets = np.zeros(n, np.int64)
+    p_start = np.empty(n, np.int64)
+    p_end = np.empty(n, np.int64)
+    p_lo = np.empty(n, np.int64)
+    p_hi = np.empty(n, np.int64)
+    hit_lo = np.empty(n, np.int64)
+    hit_hi = np.empty(n, np.int64)
+    for k in range(n):
+        i = order[k]
+        size = sizes[i]
+        count = 0
+        for j in range(k):
+            if p_start[j] <= ends[i] and p_end[j] >= starts[i]:
+                hit_lo[count] = p_lo[j]
+                hit_hi[count] = p_hi[j]
+                count += 1
+        by_offset = np.argsort(hit_lo[:count], kind="mergesort")
+        best, best_gap, cursor = -1, np.int64(-1), np.int64(0)
+        for c in range(count):
+            lo, hi = hit_lo[by_offset[c]], hit_hi[by_offset[c]]
+            gap = lo - cursor
+            if gap >= size and (best_gap < 0 or gap < best_gap):
+                best, best_gap = cursor, gap
+            if hi > cursor:
+                cursor = hi
         offset = best if best >= 0 else cursor
         offsets[i] = offset
         p_start[k], p_end[k], p_lo[k], p_hi[k] = starts[i], ends[i], offset, offset + size
@@ -105,7 +118,7 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     assert best is not None and best_arena is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
-    _search_kernel()
+    _compiled("search")
     # first secure a placement at most 10% above the target, then spend most of the time
     # on the target itself, then on the capacities in between
     began, nodes = time.perf_counter(), 0
@@ -249,27 +262,33 @@ _FOUND, _INFEASIBLE, _BUDGET = 0, 1, 2
 
 def _search(sizes, lo, hi, overlap_ptr, overlap_idx, section_ptr, section_idx, first, last,
             capacity, budget):
-    return _search_kernel()(sizes, lo, hi, overlap_ptr, overlap_idx, section_ptr, section_idx,
-                            first, last, capacity, budget)
+    return _compiled("search")(sizes, lo, hi, overlap_ptr, overlap_idx, section_ptr, section_idx,
+                               first, last, capacity, budget)
 
 
-_KERNEL = None
+_COMPILED: dict[str, object] = {}
 
 
-def _search_kernel():
-    """The compiled search (compiled on first use and cached on disk by numba)."""
-    global _KERNEL
-    if _KERNEL is None:
-        import numba
+def _compiled(name: str):
+    """The numba-compiled kernel ``name`` (compiled on first use, then cached on disk)."""
+    if name not in _COMPILED:
+        try:
+            import numba
+        except ImportError:  # the same code runs as Python, only much slower
+            return _greedy_py if name == "greedy" else _search_py
 
         vector = numba.int64[:]
-        signature = numba.types.Tuple((numba.int64, vector, numba.int64))(
-            vector, vector, vector, vector, vector, vector, vector,
-            numba.int64, numba.int64, numba.int64, numba.int64)
-        # an explicit signature compiles now (or loads numba's disk cache), so compile
-        # time never eats into a search's time limit
-        _KERNEL = numba.njit(signature, cache=True, nogil=True)(_search_py)
-    return _KERNEL
+        if name == "greedy":
+            signature = vector(vector, vector, vector, vector)
+            _COMPILED[name] = numba.njit(signature, cache=True, nogil=True)(_greedy_py)
+        else:
+            signature = numba.types.Tuple((numba.int64, vector, numba.int64))(
+                vector, vector, vector, vector, vector, vector, vector,
+                numba.int64, numba.int64, numba.int64, numba.int64)
+            # an explicit signature compiles now (or loads numba's disk cache), so compile
+            # time never eats into a search's time limit
+            _COMPILED[name] = numba.njit(signature, cache=True, nogil=True)(_search_py)
+    return _COMPILED[name]
 
 
 def _search_py(sizes, lo, hi, overlap_ptr, overlap_idx, section_ptr, section_idx, first, last,

@@ -1,0 +1,285 @@
+"""Memory benchmark: in-place coverage, planned arena vs lower bound, measured peaks.
+
+    python bench/memory.py                       # zoo on CPU (+ CUDA peaks if a GPU is there)
+    python bench/memory.py --extra               # + torchvision resnet50 and HF BERT-base
+    python bench/memory.py --minimalloc 60       # + the 11 MiniMalloc instances, 60 s each
+
+Per model it prints the in-place conversions (fxopt vs torch.fx.passes.reinplace on the
+same symbolic_trace graph), naive / lower bound / arena bytes before in-place
+conversion, after it, and with concat-aware placement, the planning time, and the
+peak memory of one inference run as (a) the nn.Module in eager mode, (b) the FX graph
+after in-place conversion, unplanned, (c) the planned graph in its arena
+(``ArenaRunner``). Peaks are measured above the parameters and inputs already
+resident: on CUDA with ``torch.cuda.max_memory_allocated``, on CPU by sampling glibc's
+``mallinfo2`` after every ATen op (a TorchDispatchMode), which sees every tensor an op
+returns but not temporaries freed inside one op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import csv
+import ctypes
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fxopt  # noqa: E402
+from fxopt.memory.executor import ArenaRunner  # noqa: E402
+from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
+from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
+from fxopt.models import ZOO, example_inputs  # noqa: E402
+
+MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+_libc = ctypes.CDLL("libc.so.6")
+_libc.mallinfo2.restype = _MallInfo2
+
+
+def malloc_in_use() -> int:
+    info = _libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+class _PeakSampler(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.peak = malloc_in_use()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, malloc_in_use())
+        return out
+
+
+def cpu_peak(fn) -> int:
+    fn()  # warm up (lazy initializations allocate once)
+    base = malloc_in_use()
+    with torch.no_grad(), _PeakSampler() as sampler:
+        out = fn()
+    del out
+    return sampler.peak - base
+
+
+def cuda_peak(fn) -> int:
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        out = fn()
+    torch.cuda.synchronize()
+    del out
+    return torch.cuda.max_memory_allocated() - base
+
+
+def reinplace_count(gm: fx.GraphModule, inputs) -> str:
+    """What torch's own reinplace pass converts on the same symbolic_trace graph."""
+    from torch.fx.passes.reinplace import reinplace
+
+    graph = copy.deepcopy(gm)
+    before = {n.target for n in graph.graph.nodes}
+    try:
+        reinplace(graph, *inputs)
+    except Exception as exc:  # it does not model get_attr / call_module graphs
+        return f"error ({type(exc).__name__})"
+    after = [n for n in graph.graph.nodes if n.target not in before]
+    return str(len(after))
+
+
+def plan(gm: fx.GraphModule, inputs, passes: list[str]):
+    out = fxopt.optimize(gm, passes=passes, example_inputs=inputs)
+    return out, out.meta["fxopt.memory_plan"]
+
+
+def bench_model(name: str, model: torch.nn.Module, inputs, device: str, trace=fx.symbolic_trace) -> dict:
+    row: dict = {"model": name, "device": device}
+    gm = trace(model)
+    row["reinplace"] = reinplace_count(gm, inputs)
+    _, before = plan(gm, inputs, ["plan_memory{concat=false}"])
+    inplace_gm, after_inplace = plan(gm, inputs, ["inplace", "plan_memory{concat=false}"])
+    row["converted"] = fxopt.report_of(inplace_gm).find("inplace")[0].stats["converted"]
+    final_gm, final = plan(gm, inputs, ["inplace", "plan_memory"])
+    for p in (before, after_inplace, final):
+        p.verify()
+    row.update({
+        "naive_MB": before.naive_bytes / 1e6,
+        "bound_MB": before.lower_bound_bytes / 1e6,
+        "bound_inplace_MB": after_inplace.lower_bound_bytes / 1e6,
+        "bound_concat_MB": final.lower_bound_bytes / 1e6,
+        "arena_MB": final.arena_bytes / 1e6,
+        "arena/bound": final.ratio,
+        "plan_ms": min(plan(gm, inputs, ["plan_memory"])[1].seconds for _ in range(3)) * 1e3,
+    })
+    runner = ArenaRunner(final_gm)
+    row["arena_run_MB"] = runner.arena_bytes / 1e6
+    row["unplanned_nodes"] = len(runner.unplanned)
+    with torch.no_grad():
+        reference = model(*inputs)
+        got = runner(*inputs)
+    same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(reference),
+                                                  torch.utils._pytree.tree_leaves(got)))
+    row["arena_bitwise"] = same
+    if not same:
+        row["arena_max_err"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(
+            torch.utils._pytree.tree_leaves(reference), torch.utils._pytree.tree_leaves(got)))
+    measure = cuda_peak if device == "cuda" else cpu_peak
+    bound = final.lower_bound_bytes
+    for label, fn in (("eager", lambda: model(*inputs)), ("fx", lambda: inplace_gm(*inputs)),
+                      ("planned", lambda: runner(*inputs))):
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # the arena was allocated before the run: it is part of the planned peak
+        peak = measure(fn) + (runner.arena_bytes if label == "planned" else 0)
+        row[f"peak_{label}_MB"] = peak / 1e6
+        row[f"peak_{label}/bound"] = peak / bound if bound else float("nan")
+    return row
+
+
+def guarded(name: str, *args, **kwargs) -> dict:
+    """``bench_model(name, *args)``, or a row saying why it failed."""
+    try:
+        return bench_model(name, *args, **kwargs)
+    except Exception as exc:
+        return {"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def zoo_rows(device: str) -> list[dict]:
+    rows = []
+    for name, factory in ZOO.items():
+        model = factory().to(device)
+        inputs = tuple(x.to(device) for x in example_inputs(name))
+        rows.append(guarded(name, model, inputs, device))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def extra_rows(device: str) -> list[dict]:
+    rows = []
+    try:
+        import torchvision
+
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        batch = 32 if device == "cuda" else 1
+        model = torchvision.models.resnet50().eval().to(device, dtype)
+        inputs = (torch.randn(batch, 3, 224, 224, device=device, dtype=dtype),)
+        rows.append(guarded(f"resnet50 {dtype} b{batch}", model, inputs, device))
+    except Exception as exc:
+        rows.append({"model": "resnet50", "error": f"{type(exc).__name__}: {exc}"[:300]})
+    print(json.dumps(rows[-1]), flush=True)
+    try:
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(0)
+        model = BertModel(BertConfig()).eval().to(device)
+        ids = torch.randint(0, 30522, (1, 128), device=device)
+        mask = torch.ones(1, 128, dtype=torch.long, device=device)
+        # HF models do not symbolic_trace (control flow); torch.export captures them
+        rows.append(guarded("bert-base b1 s128 (export)", model, (ids, mask), device,
+                            trace=lambda m: torch.export.export(m, (ids, mask), strict=False).module()))
+    except Exception as exc:
+        rows.append({"model": "bert-base", "error": f"{type(exc).__name__}: {exc}"[:300]})
+    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def scaling_row() -> dict:
+    """10k buffers with graph-like lifetimes: planning time and arena / bound."""
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, 20000, (10000,), generator=gen).tolist()
+    spans = (torch.rand(10000, generator=gen) ** 4 * 400).long().tolist()
+    sizes = (torch.randint(1, 4096, (10000,), generator=gen) * 64).tolist()
+    buffers = [Buffer(str(i), s, s + d, z) for i, (s, d, z) in enumerate(zip(starts, spans, sizes))]
+    began = time.perf_counter()
+    solution = solve(buffers, time_limit=0.3)
+    seconds = time.perf_counter() - began
+    for b, o in zip(buffers, solution.offsets):
+        b.offset = o
+    verify_placement(buffers)
+    return {"buffers": 10000, "seconds": seconds, "arena/bound": solution.arena / lower_bound(buffers)}
+
+
+def minimalloc_rows(seconds: float) -> list[dict]:
+    rows = []
+    for path in sorted(MINIMALLOC.glob("*.csv")):
+        with open(path) as f:
+            buffers = [Buffer(r["id"], int(r["lower"]), int(r["upper"]) - 1, int(r["size"]))
+                       for r in csv.DictReader(f)]
+        import numpy as np
+
+        starts = np.array([b.start for b in buffers])
+        ends = np.array([b.end for b in buffers])
+        sizes = np.array([b.size for b in buffers])
+        by_size = greedy(starts, ends, sizes, _orders(starts, ends, sizes, many=False)[0])
+        began = time.perf_counter()
+        solution = solve(buffers, capacity=1048576, time_limit=seconds)
+        took = time.perf_counter() - began
+        for b, o in zip(buffers, solution.offsets):
+            b.offset = o
+        verify_placement(buffers)
+        rows.append({"instance": path.name.split(".")[0], "buffers": len(buffers),
+                     "greedy_by_size": float((by_size + sizes).max()) / 1048576,
+                     "fxopt": solution.arena / 1048576, "method": solution.method,
+                     "seconds": round(took, 1)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def table(rows: list[dict], keys: list[str]) -> str:
+    from tabulate import tabulate
+
+    return tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3g")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--extra", action="store_true", help="also torchvision resnet50 and HF BERT-base")
+    parser.add_argument("--minimalloc", type=float, default=0, help="seconds per MiniMalloc instance (0: skip)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for memory.json")
+    parser.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    results: dict = {"machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                     "torch": torch.__version__}
+    devices = [d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
+    results["models"] = []
+    for device in devices:
+        results["models"] += zoo_rows(device)
+        if args.extra:
+            results["models"] += extra_rows(device)
+    results["scaling"] = scaling_row()
+    if args.minimalloc:
+        results["minimalloc"] = minimalloc_rows(args.minimalloc)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "memory.json").write_text(json.dumps(results, indent=1))
+    print(f"\n{results['machine']}, torch {results['torch']}")
+    print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
+                                     "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
+    print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
+                                     "peak_eager/bound", "peak_fx/bound", "peak_planned/bound",
+                                     "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
+    print(json.dumps(results["scaling"]))
+    if args.minimalloc:
+        print(table(results["minimalloc"], ["instance", "buffers", "greedy_by_size", "fxopt", "method", "seconds"]))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
