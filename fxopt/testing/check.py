@@ -75,6 +75,11 @@ def _fresh_inputs(gm: fx.GraphModule, seed: int) -> tuple[Any, ...] | None:
         return None
 
 
+def _names(passes: Any) -> str:
+    items = passes if isinstance(passes, (list, tuple)) else [passes]
+    return ", ".join(getattr(p, "__name__", None) or getattr(p, "name", None) or str(p) for p in items)
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "case"
 
@@ -91,11 +96,11 @@ def write_artifacts(directory: Path, before: fx.GraphModule, after: fx.GraphModu
     small, small_inputs = before, tuple(inputs)
     try:
         small = minimize(before, pass_breaks(passes, rtol=rtol, atol=atol),
-                         time_limit=minimize_seconds)
+                         example_inputs=inputs, time_limit=minimize_seconds)
         small_inputs = random_inputs(small)
     except Exception as exc:  # the full graph still makes a repro
         (directory / "error.txt").open("a").write(f"\nnot minimized: {type(exc).__name__}: {exc}\n")
-    title = (f"fxopt repro: passes {passes!r} break this graph "
+    title = (f"fxopt repro: passes {_names(passes)} break this graph "
              f"({node_count(small)} nodes, minimized from {node_count(before)})")
     write_repro(directory / "repro.py", small, small_inputs, passes, rtol=rtol, atol=atol, title=title)
     (directory / "minimized_graph.py").write_text(f"# {title}\n{small.code}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +80,21 @@ def test_case_instances_carry_inputs_tolerances_and_shapes():
 def test_zoo_batchnorm_statistics_are_random():
     bn = ZOO["residual_conv_bn_relu"].model().bn1
     assert bn.running_mean.abs().min() > 0 and not torch.allclose(bn.running_var, torch.ones(16))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_pass_with_test.py"
+
+
+def test_the_custom_pass_example_runs_and_shows_the_minimized_bug():
+    result = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "first diverging node: 'mul'" in result.stdout
+    assert "minimized from 7 to 4 nodes" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_custom_pass_examples_tests_pass():
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
