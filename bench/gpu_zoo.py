@@ -102,14 +102,16 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
 
     Inductor's freezing needs the *global* flag: Dynamo reads it while tracing to make
     parameters graph attributes; ``torch.compile(options={"freezing": True})`` only patches
-    Inductor and, with parameters inlined as graph inputs, freezes nothing.
+    Inductor and, with parameters inlined as graph inputs, freezes nothing. (The option is
+    given too: it keeps this variant's Dynamo cache entry apart from plain Inductor's.)
     """
     if variant == "eager":
         return model, contextlib.nullcontext
     if variant == "inductor":
         return torch.compile(model), contextlib.nullcontext
     if variant == "inductor_freezing":
-        return torch.compile(model), lambda: torch._inductor.config.patch(freezing=True)
+        return (torch.compile(model, options={"freezing": True}),
+                lambda: torch._inductor.config.patch(freezing=True))
     if variant in ("fxopt", "fxopt_cudnn"):
         stats["reports"] = []
         compiled = torch.compile(model, backend="fxopt", options={"reports": stats["reports"]})
@@ -142,7 +144,7 @@ def bench_ms(fn: Callable, inputs: tuple, device: str) -> float:
     if device == "cuda":
         from triton.testing import do_bench
 
-        return do_bench(lambda: fn(*inputs), warmup=50, rep=300, return_mode="median")
+        return do_bench(lambda: fn(*inputs), warmup=25, rep=150, return_mode="median")
     times = []
     for _ in range(5):
         start = time.perf_counter()
@@ -175,8 +177,9 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
     inputs = tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device) for x in inputs)
     row: dict[str, Any] = {"model": name, "input_shapes": [list(x.shape) for x in inputs]}
     extra = ("fxopt_cudnn",) if args.cudnn_fusions and name in CONV_NETS else ()
+    torch._dynamo.reset()
+    compiled: dict[str, tuple[Callable, Callable]] = {}
     for variant in (*VARIANTS, *extra):
-        torch._dynamo.reset()
         stats: dict[str, Any] = {}
         try:
             fresh_cache_dir(cache_root, f"{name}-{variant}")
@@ -185,18 +188,16 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
-                out = fn(*inputs)
+                fn(*inputs)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 first_call_s = time.perf_counter() - start
-                ms = bench_ms(fn, inputs, device)
-                out = fn(*inputs)  # after the timed runs too: a stale or racy result would show
-                error = rel_l2(out.float(), reference)
         except Exception as exc:  # one broken variant must not lose the other numbers
             row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
             print(f"[{name}] {variant} FAILED: {row[variant]['error']}", flush=True)
             continue
-        entry: dict[str, Any] = {"ms": ms, "rel_l2_vs_fp32": error}
+        compiled[variant] = fn, context
+        entry: dict[str, Any] = {}
         if variant != "eager":
             entry["compile_s"] = first_call_s
         if variant.startswith("fxopt"):
@@ -208,7 +209,19 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
             entry["changed_passes"] = sorted({r.name for g in reports if g.report
                                               for _, r in g.report.walk() if r.changed and not r.children})
         row[variant] = entry
-        print(f"[{name}] {variant}: {json.dumps(entry)}", flush=True)
+    # timed in interleaved rounds: a drift of the machine hits every variant alike
+    samples: dict[str, list[float]] = {v: [] for v in compiled}
+    for _ in range(args.rounds):
+        for variant, (fn, context) in compiled.items():
+            with torch.no_grad(), context():
+                samples[variant].append(bench_ms(fn, inputs, device))
+    for variant, (fn, context) in compiled.items():
+        with torch.no_grad(), context():
+            out = fn(*inputs)  # after the timed runs: a stale or racy result would show
+        times = sorted(samples[variant])
+        row[variant].update(ms=times[len(times) // 2], ms_samples=times,
+                            rel_l2_vs_fp32=rel_l2(out.float(), reference))
+        print(f"[{name}] {variant}: {json.dumps(row[variant])}", flush=True)
     summarize(row)
     return row
 
@@ -233,14 +246,17 @@ def summarize(row: dict[str, Any]) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     def ms(row: dict[str, Any], v: str) -> str:
-        return f"{row[v]['ms']:.3f}" if "ms" in row.get(v, {}) else "ERR"
+        if "ms" not in row.get(v, {}):
+            return "ERR"
+        lo, hi = row[v]["ms_samples"][0], row[v]["ms_samples"][-1]
+        return f"{row[v]['ms']:.3f} ({lo:.2f}-{hi:.2f})"
 
     def cs(row: dict[str, Any], v: str) -> str:
         return f"{row[v]['compile_s']:.1f}" if "compile_s" in row.get(v, {}) else "-"
 
     lines = ["| model | eager ms | inductor ms | ind+freezing ms | fxopt ms | fxopt vs best | "
              "compile s ind / frz / fxopt | fxopt pass s (% of ind compile) | rel L2 vs fp32 eager / ind / fxopt | numerics |",
-             "|" + "---|" * 10]
+             "|" + "---|" * 10, "(ms: median of the rounds' medians, and the rounds' range)"]
     for r in rows:
         err = "/".join(f"{r[v]['rel_l2_vs_fp32']:.2e}" if "rel_l2_vs_fp32" in r.get(v, {}) else "ERR"
                        for v in ("eager", "inductor", "fxopt"))
@@ -266,6 +282,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(ALL_MODELS))
     parser.add_argument("--tiny", action="store_true", help="CPU stand-ins: check the script's logic")
     parser.add_argument("--out", default=None, help="JSON file for all numbers")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--cudnn-fusions", action="store_true",
                         help="also time conv nets with fxopt's fused cuDNN conv ops kept whole")
     parser.add_argument("--budget-s", type=float, default=540, help="skip models once this is spent")
