@@ -7,7 +7,7 @@
    conv+add+ReLU on cuDNN's fused kernels, add+ReLU fused);
 3. Inductor: ``torch.compile(model)``, the same with ``freezing=True``, and
    ``torch.compile`` of the fxopt-optimized graph, with the fused conv ops decomposed for
-   Inductor (default) and kept whole as cuDNN calls.
+   Inductor and kept whole as cuDNN calls (fxopt's default on CUDA).
 
 All variants of a model run in one process, side by side; times are medians of CUDA-event
 timed loops. Results go to ``$OUT/fusion_gpu.json`` (written after every measurement, so
@@ -163,6 +163,7 @@ def bench_model(name: str, make: Callable[[], nn.Module], args: argparse.Namespa
             row.setdefault("compiled_rel_err", {})[f"{freezing=},{keep_cudnn=}"] = err
         return lambda: fn(x)
 
+    default_keep = fused_ops._KEEP_CUDNN_IN_INDUCTOR
     for label, target, kwargs in (
         ("inductor_ms", model, {}),
         ("inductor_freezing_ms", model, {"freezing": True}),
@@ -177,13 +178,15 @@ def bench_model(name: str, make: Callable[[], nn.Module], args: argparse.Namespa
             results.add(**row, stage=label)
             continue
         timed(label, fn)
-    fused_ops.set_inductor_keeps_cudnn_fusions(False)
+    fused_ops.set_inductor_keeps_cudnn_fusions(default_keep)
 
 
 def table(results: Results) -> None:
     rows = results.data["rows"]
     print("\n## fusion_gpu results:", json.dumps(results.data["header"]))
     for row in rows:
+        if row["part"] == "error":
+            print("ERROR:", row["error"])
         if row["part"] == "add_relu":
             print(f"add_relu {row['numel']} bf16: unfused {row['unfused_ms']:.4f} ms, fused {row['fused_ms']:.4f} ms "
                   f"-> {row['speedup']:.2f}x ({row['fused_gbps']:.0f} GB/s, exact={row['bitwise_equal']}, "
@@ -229,11 +232,16 @@ def main() -> None:
     results = Results(os.path.join(out, "fusion_gpu.json") if out else None, header)
     measure = timer(args.device, args.iters, args.reps)
     torch.backends.cudnn.benchmark = True
-    bench_add_relu(args, measure, results)
+    parts = [lambda: bench_add_relu(args, measure, results)]
     for name, make in models(args.small).items():
-        if args.only and name not in args.only.split(","):
-            continue
-        bench_model(name, make, args, measure, results)
+        if not args.only or name in args.only.split(","):
+            parts.append(lambda name=name, make=make: bench_model(name, make, args, measure, results))
+    for part in parts:
+        try:
+            part()
+        except Exception as exc:  # report and go on: one call of the GPU machine is precious
+            traceback.print_exc()
+            results.add(part="error", error=f"{type(exc).__name__}: {str(exc)[:500]}")
     table(results)
 
 

@@ -213,7 +213,10 @@ class StructuralMatcher:
         if i == len(want):
             yield nodes, binds
             return
-        for next_state in self._arg(want[i], have[i], (nodes, binds), g, i):
+        p = want[i]
+        inner = (self._node(p, have[i], (nodes, binds)) if isinstance(p, fx.Node)
+                 else self._arg(p, have[i], (nodes, binds), g, i))
+        for next_state in inner:
             yield from self._args(want, have, i + 1, next_state, g)
 
     def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterator[State]:

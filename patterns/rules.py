@@ -270,7 +270,6 @@ def replace(gm: fx.GraphModule, pattern: Callable | Rule, replacement: Callable 
     r = _as_rule(pattern, replacement, where, constraints)
     count = sum(apply_rules(gm, [r]).values())
     if count:
-        gm.graph.lint()
         gm.recompile()
     return count
 
