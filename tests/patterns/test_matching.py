@@ -247,3 +247,23 @@ def test_user_graph_untouched_on_bad_rule() -> None:
     with pytest.raises(PatternError):
         fp.replace(gm, lambda x, y: torch.relu(x), lambda x, y: x)
     assert str(gm.graph) == before
+
+
+def test_explain_names_the_failing_sub_node_argument_and_constraint() -> None:
+    class M(nn.Module):
+        def forward(self, x, y):
+            a = torch.relu(x * y)  # wrong inner op
+            s = x + y
+            b = torch.relu(s) + s  # the sum is used outside the match
+            return a + b + torch.relu(x + 2.0)  # a literal where a tensor is constrained
+
+    gm = fx.symbolic_trace(M())
+    r = fp.rule(lambda p, q: torch.relu(p + q), lambda p, q: torch.ops.fxopt.add_relu(p, q),
+                q=fp.is_tensor)
+    lines = fp.explain(gm, r).splitlines()
+    assert len(lines) == 3
+    assert "expects `add`" in lines[0] and "`mul`" in lines[0]
+    assert "node 'add' (pattern 'add') is also used by 'add_1' outside the match" in lines[1]
+    assert "is_tensor" in lines[2] and "2.0" in lines[2]
+    assert "is `add`, but the pattern's output is `relu`" in fp.explain(gm, r, "add")
+    assert fp.replace(gm, r) == 0
