@@ -17,7 +17,6 @@ those computations ahead of time where their inputs are constants (constant_fold
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 import torch.nn.functional as F
 from fxopt.patterns.constraints import equals, is_tensor, rank
 from fxopt.patterns.rules import register_rules, rule
@@ -159,8 +158,8 @@ def conv_bn_add_relu_fused(x, w, b, stride, padding, dilation, groups, gamma, be
 def _residual_fits(m) -> bool:
     """The residual is a tensor of the convolution's own shape and dtype (what the fused
     kernel adds in place); without shapes, only a tensor is required."""
-    z, total = m.value("z"), m.anchor.args[0]
-    out_val = total.meta.get("val") if isinstance(total, fx.Node) else None
+    total = next(g for p, g in m.nodes.items() if m.pattern.canon[p].op == "add")
+    z, out_val = m.value("z"), total.meta.get("val")
     if isinstance(z, torch.Tensor) and isinstance(out_val, torch.Tensor):
         return z.shape == out_val.shape and z.dtype == out_val.dtype
     return is_tensor(z)
