@@ -70,6 +70,8 @@ def build(name: str, tiny: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         import torchvision
 
         model = getattr(torchvision.models, name)(weights=None)
+        if name == "vit_b_16":  # torchvision zero-initializes this head: outputs would all be 0
+            nn.init.normal_(model.heads.head.weight, std=0.02)
         return model.eval(), (torch.randn(32, 3, 224, 224),)
     if name in ("bert_base", "gpt2"):
         import transformers
