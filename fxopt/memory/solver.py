@@ -107,16 +107,20 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     bound = lower_bound(buffers)
     target = bound if capacity is None else capacity
     best: np.ndarray | None = None
-    best_arena = None
+    best_arena = best_order = None
     for order in _orders(starts, ends, sizes, many=n <= 2000):
         offsets = greedy(starts, ends, sizes, order)
         arena = int((offsets + sizes).max())
         if best_arena is None or arena < best_arena:
-            best, best_arena = offsets, arena
+            best, best_arena, best_order = offsets, arena, order
         if best_arena <= target:
             break
-    assert best is not None and best_arena is not None
+    assert best is not None and best_arena is not None and best_order is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
+        return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
+    best, best_arena = _improve_order(starts, ends, sizes, best_order, best, best_arena, target,
+                                      rounds=int(200 * time_limit))
+    if best_arena <= target:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
     _compiled("search")
     # first secure a placement at most 10% above the target, then spend most of the time
@@ -142,6 +146,30 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
             if best_arena <= target:
                 break
     return Solution(best.tolist(), best_arena, best_method, best_arena == bound, nodes)
+
+
+def _improve_order(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, order: np.ndarray,
+                   offsets: np.ndarray, arena: int, target: int, rounds: int) -> tuple[np.ndarray, int]:
+    """Local search over greedy orders: swap two buffers, keep the order if no worse.
+
+    A fixed seed and a fixed number of rounds keep it deterministic; it cheaply pulls
+    greedy's placement down before (or instead of) the exact search.
+    """
+    rng = np.random.default_rng(0)
+    order = order.copy()
+    n = len(order)
+    for _ in range(rounds):
+        i, j = rng.integers(0, n, size=2)
+        order[i], order[j] = order[j], order[i]
+        trial = greedy(starts, ends, sizes, order)
+        trial_arena = int((trial + sizes).max())
+        if trial_arena <= arena:
+            offsets, arena = trial, trial_arena
+            if arena <= target:
+                break
+        else:
+            order[i], order[j] = order[j], order[i]
+    return offsets, arena
 
 
 class BranchAndBound:
