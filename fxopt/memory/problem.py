@@ -31,9 +31,6 @@ class Buffer:
     size: int
     offset: int | None = None
 
-    def overlaps_in_time(self, other: Buffer) -> bool:
-        return self.start <= other.end and other.start <= self.end
-
 
 def lower_bound(buffers: Iterable[Buffer]) -> int:
     """The maximum, over program points, of the bytes live at that point."""

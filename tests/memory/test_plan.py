@@ -226,3 +226,23 @@ def test_inplace_results_share_their_inputs_buffer():
     linear = relu.args[0]
     assert plan.slots[relu.name].offset == plan.slots[linear.name].offset
     assert not plan.slots[relu.name].owner
+
+
+def test_liveness_merges_views_and_keeps_outputs_to_the_end():
+    from fxopt.context import PassContext
+
+    def f(x):
+        y = x * 2
+        v = y.view(-1)          # a view: y's storage lives until v's last use
+        z = torch.tanh(x)
+        w = z + 1
+        return v.sum() + w.sum(), w
+
+    gm = fx.symbolic_trace(f)
+    ctx = PassContext(gm, (torch.randn(3, 4),))
+    live, alias, order = ctx.analysis("liveness"), ctx.analysis("alias"), ctx.analysis("topo")
+    nodes = {n.name: n for n in gm.graph.nodes}
+    y_storage = next(iter(alias.storages[nodes["mul"]]))
+    assert live.storages[y_storage].end == order[nodes["sum_1"]]  # v's reader, not y's
+    w_storage = next(iter(alias.storages[nodes["add"]]))
+    assert live.storages[w_storage].end == len(order) - 1  # returned: lives to the end
