@@ -93,3 +93,35 @@ def test_failing_aten_pass_restores_the_same_graph_object():
     torch.testing.assert_close(gm(x), expected)
     with pytest.raises(fxopt.PassError, match="half done"):
         InductorPass([rewire_then_fail], strict=True)(graph)
+
+
+@torch.library.custom_op("fxopt_test::relu_without_fake", mutates_args=())
+def relu_without_fake(x: torch.Tensor) -> torch.Tensor:
+    """Runs in eager, but has no fake implementation: AOTAutograd cannot trace it."""
+    return torch.relu(x)
+
+
+def to_untraceable_relu(gm):
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.relu:
+            node.target = torch.ops.fxopt_test.relu_without_fake.default
+
+
+class ReluNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * 2)
+
+
+def test_graph_inductor_cannot_compile_falls_back_naming_the_passes():
+    model = ReluNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, passes=[to_untraceable_relu], options={"reports": reports})
+    with pytest.warns(RuntimeWarning, match="Inductor failed.*to_untraceable_relu"):
+        assert_equivalent(model, compiled, (torch.randn(4, 6),))
+    (graph,) = reports
+    assert "to_untraceable_relu" in graph.fallback and "relu_without_fake" in graph.code
