@@ -114,11 +114,14 @@ class BackendOptions:
         inductor = options.get("inductor") or {}
         if not isinstance(inductor, Mapping):
             raise PassOptionError(_BACKEND, "inductor", f"expected a dict of Inductor options, got {inductor!r}")
-        bad = sorted(k for k in inductor if k not in torch._inductor.config._config)
+        bad = sorted(k for k in inductor if not _is_inductor_option(k))
         if bad:
             raise PassOptionError(_BACKEND, "inductor", f"unknown Inductor option(s) {bad}")
         if options.get("mode") not in (None, "default"):
-            torch._inductor.list_mode_options(options["mode"])  # raises on unknown modes
+            try:
+                torch._inductor.list_mode_options(options["mode"])
+            except RuntimeError as exc:
+                raise PassOptionError(_BACKEND, "mode", str(exc)) from None
         parsed = cls(**options)
         for key in ("passes", *INDUCTOR_HOOKS):
             pipeline = parsed.pipeline(key)
@@ -150,6 +153,13 @@ class BackendOptions:
                                                     strict=self.strict, reports=sink)
         patches.update(self.inductor)
         return patches
+
+
+def _is_inductor_option(name: str) -> bool:
+    import torch._inductor.config as config
+
+    entries = getattr(config, "_config", None)  # ConfigModule's table of every entry
+    return name in entries if entries is not None else hasattr(config, name.split(".")[0])
 
 
 @dataclass

@@ -25,6 +25,8 @@ def test_unknown_options_are_named_at_fxopt_compile():
         fxopt.compile(_model(), options={"inductor": {"not_a_config": 1}})
     with pytest.raises(fxopt.PassOptionError, match="strict"):
         fxopt.compile(_model(), options={"strict": "yes"})
+    with pytest.raises(fxopt.PassOptionError, match="turbo"):
+        fxopt.compile(_model(), mode="turbo")
     with pytest.raises(fxopt.UnknownPassError, match="csee"):
         fxopt.compile(_model(), passes=["csee"])
 
