@@ -165,6 +165,9 @@ class ArenaRunner:
         return base.as_strided(val.shape, val.stride(), base.storage_offset() + val.storage_offset())
 
     def _kernel(self, node: fx.Node) -> Kernel | None:
+        first = node.args[0] if node.args else None
+        if not (isinstance(first, fx.Node) and isinstance(first.meta.get("val"), torch.Tensor)):
+            return None  # `1 + x` is operator.add(1, x): the out= kernels take a tensor first
         if node.op == "call_function":
             try:
                 return _FUNCTION_KERNELS.get(node.target)

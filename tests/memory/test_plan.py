@@ -246,3 +246,18 @@ def test_liveness_merges_views_and_keeps_outputs_to_the_end():
     assert live.storages[y_storage].end == order[nodes["sum_1"]]  # v's reader, not y's
     w_storage = next(iter(alias.storages[nodes["add"]]))
     assert live.storages[w_storage].end == len(order) - 1  # returned: lives to the end
+
+
+def test_arena_run_with_scalar_first_operands_and_broadcasts():
+    class M(nn.Module):
+        def forward(self, x, b):
+            y = 2 - x * 3           # operator.sub(2, tensor): no out= kernel takes it
+            z = y * b               # broadcast of b into z's shape
+            return torch.relu(z + y).sum(0) + 1
+
+    model, inputs = M(), (torch.randn(4, 6), torch.randn(6))
+    gm = fxopt.optimize(model, passes=["plan_memory"], example_inputs=inputs)
+    runner = ArenaRunner(gm)
+    fresh = (torch.randn(4, 6), torch.randn(6))
+    assert torch.equal(runner(*fresh), model(*fresh))
+    assert "sub" in runner.unplanned
