@@ -118,12 +118,6 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     assert best is not None and best_arena is not None and best_order is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
-    began = time.perf_counter()
-    best, best_arena = _improve_order(starts, ends, sizes, best_order, best, best_arena, target,
-                                      rounds=int(200 * time_limit), deadline=began + 0.15 * time_limit)
-    if best_arena <= target:
-        return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
-    time_limit -= time.perf_counter() - began
     _compiled("search")
     # first secure a placement at most 10% above the target, then spend most of the time
     # on the target itself, then on the capacities in between
@@ -147,6 +141,11 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
                 best, best_arena, best_method = found, arena, "search"
             if best_arena <= target:
                 break
+        if factor == 1.10 and best_arena > capacity_now:
+            # the search could not even secure 10%: improve greedy's order instead
+            best, best_arena = _improve_order(starts, ends, sizes, best_order, best, best_arena,
+                                              target, rounds=int(200 * time_limit),
+                                              deadline=time.perf_counter() + 0.15 * time_limit)
     return Solution(best.tolist(), best_arena, best_method, best_arena == bound, nodes)
 
 
