@@ -127,3 +127,22 @@ def test_graph_inductor_cannot_compile_falls_back_naming_the_passes():
         assert_equivalent(model, compiled, (torch.randn(4, 6),))
     (graph,) = reports
     assert "to_untraceable_relu" in graph.fallback and "relu_without_fake" in graph.code
+
+
+def doubles_the_output(gm):
+    """A wrong rewrite: the graph it leaves computes twice the original."""
+    output = gm.graph.output_node()
+    (result,) = output.args[0]
+    with gm.graph.inserting_before(output):
+        doubled = gm.graph.call_function(torch.mul, (result, 2))
+    output.args = ((doubled,),)
+
+
+def test_verify_catches_a_wrong_pass_and_the_graph_falls_back():
+    model = _model()
+    reports = []
+    compiled = fxopt.compile(model, passes=["cse", doubles_the_output],
+                             options={"verify": True, "reports": reports})
+    with pytest.warns(RuntimeWarning, match="'doubles_the_output'.*not equivalent"):
+        assert_equivalent(model, compiled, (torch.randn(4, 6),))
+    assert "doubles_the_output" in reports[0].fallback
