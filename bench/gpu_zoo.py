@@ -125,13 +125,14 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
 def _cudnn_fusions():
     """fxopt's fused conv ops stay whole in Inductor (one cuDNN conv+bias(+add)+ReLU call)
     instead of being decomposed for Inductor to fuse the pointwise parts itself."""
-    from fxopt.fused_ops import set_inductor_keeps_cudnn_fusions
+    from fxopt import fused_ops
 
-    set_inductor_keeps_cudnn_fusions(True)
+    before = fused_ops._KEEP_CUDNN_IN_INDUCTOR  # whatever fxopt's default is, put it back
+    fused_ops.set_inductor_keeps_cudnn_fusions(True)
     try:
         yield
     finally:
-        set_inductor_keeps_cudnn_fusions(False)
+        fused_ops.set_inductor_keeps_cudnn_fusions(before)
 
 
 def fresh_cache_dir(root: str, label: str) -> None:
