@@ -130,6 +130,31 @@ def test_dynamic_shapes_one_graph_serves_every_batch_size():
     assert re.search(r"def forward\(self, s\d+ : torch.SymInt", reports[0].code)  # batch size
 
 
+def bake_sizes(gm):
+    """Replaces symbolic sizes by their current values: int() of a SymInt makes Dynamo
+    guard on that value, so the baked graph is only ever used where it is right."""
+    for node in list(gm.graph.find_nodes(op="placeholder")):
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt):
+            def bake(n, node=node, concrete=int(value)):
+                return concrete if n is node else n
+
+            for user in list(node.users):
+                user.args = torch.fx.map_arg(user.args, bake)
+                user.kwargs = torch.fx.map_arg(user.kwargs, bake)
+
+
+def test_a_pass_that_bakes_in_a_size_gets_a_guard_not_a_wrong_answer():
+    model = FlattenNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, passes=[bake_sizes], options={"reports": reports}, dynamic=True)
+    for batch in (3, 5, 3):
+        assert_equivalent(model, compiled, (torch.randn(batch, 2, 5, 5),))
+    assert len(reports) == 2  # batch 5 failed the guard and recompiled; batch 3 reused its graph
+    size = re.search(r"def forward\(self, (s\d+) : torch.SymInt", reports[0].code).group(1)
+    assert reports[0].code.count(size) == 1  # the symbolic size is an input nothing uses
+
+
 class CountingNet(nn.Module):
     """Writes a buffer in place and runs BatchNorm in training mode without autograd: the
     written buffers must stay inputs, or the model's state would silently stop changing."""
