@@ -328,6 +328,10 @@ def main() -> None:
     OUT, INT4 = args.out, args.int4
     VIT_MAX_AUTOTUNE = args.vit_max_autotune
     os.makedirs(OUT, exist_ok=True)
+    # Dynamo decides at trace time whether parameters become frozen constants, from the
+    # *global* flag (torch._dynamo.utils.is_parameter_freezing); options={"freezing": True}
+    # alone leaves inlined parameters as graph inputs, i.e. an unfrozen baseline.
+    torch._inductor.config.freezing = True
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     lines = []
 
