@@ -7,9 +7,9 @@ escaping rule set, which we apply to every piece of text:
 - XML entities for ``& < > "`` (the label is parsed as XML);
 - characters XML 1.0 forbids even as references (control characters, lone surrogates,
   U+FFFE/U+FFFF) are written as visible ``\\xNN`` escapes;
-- a backslash gets a WORD JOINER (U+2060, invisible) after it: both Graphviz and
-  graphviz-pure expand ``\\N``, ``\\G``, ``\\L``... even inside HTML labels, and they
-  disagree on ``\\\\``, but none of them treats backslash + U+2060 as an escape.
+- a backslash gets a WORD JOINER (U+2060, invisible) after it: graphviz-pure expands
+  ``\\N``, ``\\G``, ``\\L``... even inside HTML labels and reads ``\\\\`` as one backslash,
+  while a backslash followed by U+2060 is no escape sequence in any Graphviz dialect.
 
 Text is cut to a length limit *before* escaping, so an entity is never cut in half.
 Everything read from ``node.meta`` is formatted defensively: metadata may hold any
