@@ -305,9 +305,10 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
         form = forms[g]
         if form.inplace:
             written = form.args[0]
+            # invisible: a fresh tensor (no view of anything) that only the match reads
             if not isinstance(written, fx.Node) or not (
-                    written in matched and written not in outputs
-                    or len(written.users) == 1 and _is_fresh(written, matcher.canon(written))):
+                    (written in matched and written not in outputs or len(written.users) == 1)
+                    and _is_fresh(written, matcher.canon(written))):
                 return (f"node {g.name!r} writes in place into {_describe(written)}, which is visible outside "
                         "the match; replacing it with an out-of-place computation would change the program")
     if first is not anchor and sweep.write_between(m.gm, first, anchor, matched):

@@ -172,3 +172,22 @@ def test_replace_pattern_contrast() -> None:
         matched_fx += len(fx.subgraph_rewriter.replace_pattern(gm, pattern, replacement))
         matched_fp += fp.replace(fx.symbolic_trace(AddRelu(relu, "+")), pattern, replacement)
     assert (matched_fx, matched_fp) == (0, 5)
+
+
+class InplaceReluThroughView(nn.Module):
+    """relu_ on a view writes into the caller's tensor even though the view is matched."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu_(x.view(-1)) * 2
+
+
+def test_inplace_write_through_a_matched_view_is_refused() -> None:
+    def view_relu(t):
+        return torch.relu(t.view(-1))
+
+    gm = fx.symbolic_trace(InplaceReluThroughView())
+    assert fp.replace(gm, view_relu, lambda t: torch.clamp_min(t.reshape(-1), 0)) == 0
+    x = torch.randn(2, 3)
+    expected_x = x.clone().relu_()
+    gm(x)
+    torch.testing.assert_close(x, expected_x)  # the write still reaches the caller
