@@ -231,6 +231,7 @@ def _triton_add_relu(a: Tensor, b: Tensor) -> Tensor:
 def _register_inductor_decompositions() -> None:
     try:
         from torch._inductor.decomposition import register_decomposition
+        from torch._inductor.lowering import make_fallback
     except ImportError:  # an Inductor-less build: nothing to teach
         return
 
@@ -256,6 +257,13 @@ def _register_inductor_decompositions() -> None:
         if keep_cudnn(x, weight, bias, z):
             return NotImplemented
         return conv_bias_add_relu_reference(x, weight, bias, z, alpha, stride, padding, dilation, groups)
+
+    # When the decompositions above decline (NotImplemented), the op reaches lowering with a
+    # decomposition still in the table, and Inductor's implicit fallback asserts "both a
+    # fallback and a decomp for same op". Registering the fallback up front, explicitly
+    # overriding the decomposition, is the sanctioned way to keep an op whole.
+    for op in (torch.ops.fxopt.conv_bias_relu.default, torch.ops.fxopt.conv_bias_add_relu.default):
+        make_fallback(op, override_decomp=True)
 
 
 _register_inductor_decompositions()

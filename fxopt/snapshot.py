@@ -78,7 +78,9 @@ class ModuleState:
 
     def __init__(self, gm: fx.GraphModule):
         self.dicts = [(m, _copy_module_dict(m.__dict__)) for m in gm.modules()]
-        self.versions = {id(t): (name, t, t._version) for name, t in _tensors(gm)}
+        # inference tensors have no version counter (and cannot be written outside
+        # inference_mode), so they are not tracked
+        self.versions = {id(t): (name, t, t._version) for name, t in _tensors(gm) if not t.is_inference()}
 
     def restore(self) -> None:
         for module, saved in self.dicts:

@@ -331,3 +331,12 @@ def test_a_pass_that_misreports_changed_is_still_recompiled():
     report = fxopt.PassManager([Liar()]).run(gm)
     assert report.records[0].changed
     assert "getattr(self, \"1\")" not in gm.code
+
+
+def test_modules_holding_inference_tensors_can_be_optimized():
+    with torch.inference_mode():
+        model = nn.Linear(4, 4)
+        model.register_buffer("table", torch.randn(4))
+    gm = fx.symbolic_trace(model)
+    out = fxopt.optimize(gm, passes=["cse", "dce"])
+    assert torch.equal(out.table, model.table)
