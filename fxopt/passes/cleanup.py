@@ -73,6 +73,7 @@ class CommonSubexpressionElimination(Pass):
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         seen: dict[Any, fx.Node] = {}
         merged = 0
+        written = _possibly_written(gm, ctx)
         for node in list(gm.graph.nodes):
             if mutated_inputs(node):
                 # a write may change what any earlier expression would compute now
@@ -80,6 +81,8 @@ class CommonSubexpressionElimination(Pass):
                 continue
             if node.op not in ("call_function", "call_method", "call_module", "get_attr") or not is_pure(node):
                 continue
+            if node in written:
+                continue  # its result is written in place later: a merged twin would see the write
             key = (node.op, _hashable(node.target), _hashable(node.args), _hashable(dict(node.kwargs)))
             twin = seen.get(key)
             if twin is None:
@@ -88,6 +91,30 @@ class CommonSubexpressionElimination(Pass):
                 replace_node(node, twin, self.name)
                 merged += 1
         return PassResult(merged > 0, {"merged": merged})
+
+
+def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
+    """Nodes whose result may share a storage with a tensor that some node writes in place.
+
+    Storage facts come from the alias analysis; without shapes to run it, every node a
+    written value was computed from is taken to share its storage (coarser, still sound).
+    """
+    targets = {t for n in gm.graph.nodes for t in mutated_inputs(n)}
+    if not targets:
+        return set()
+    try:
+        alias = ctx.analysis("alias")
+    except AnalysisError:
+        closure: set[fx.Node] = set()
+        stack = list(targets)
+        while stack:
+            node = stack.pop()
+            if node not in closure:
+                closure.add(node)
+                stack.extend(node.all_input_nodes)
+        return closure
+    written = set().union(*alias.writes.values())
+    return {n for n, storages in alias.storages.items() if storages & written}
 
 
 @register_pass

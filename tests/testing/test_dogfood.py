@@ -9,6 +9,7 @@ FXOPT_PROFILE=long).
 
 from __future__ import annotations
 
+import operator
 import os
 
 import networkx as nx
@@ -90,3 +91,30 @@ def test_cleanup_order_does_not_change_the_result(gm, order):
     reference = check_pass(["cse", "dce", "eliminate_identity", "dce"], gm, inputs)
     other = check_pass([*order, "dce"], gm, inputs)
     assert len(other.graph.nodes) == len(reference.graph.nodes)
+
+
+class TwinsThenWrite(torch.nn.Module):
+    """Found by test_cleanup_order_does_not_change_the_result: two identical computations,
+    one of them later written in place (through a view). Merging them leaked the write."""
+
+    def forward(self, x):
+        a = x * 2.0
+        b = x * 2.0
+        a.view(-1).add_(1.0)
+        untouched_twin_1 = torch.relu(x)
+        untouched_twin_2 = torch.relu(x)
+        torch.sigmoid(x).mul_(3.0)  # a write to a fresh tensor: no reason to stop merging
+        return b, a, untouched_twin_1 + untouched_twin_2
+
+
+@pytest.mark.parametrize("with_shapes", [True, False], ids=["alias-analysis", "no-shapes"])
+def test_cse_never_merges_a_value_that_is_written_later(with_shapes):
+    gm = torch.fx.symbolic_trace(TwinsThenWrite())
+    x = torch.randn(3, 4)
+    optimized = fxopt.optimize(gm, passes=["cse"], example_inputs=(x,) if with_shapes else None)
+    from fxopt.testing import assert_equivalent
+
+    assert_equivalent(gm, optimized, (x,))
+    targets = [n.target for n in optimized.graph.nodes]
+    assert targets.count(torch.relu) == 1  # the untouched twins are still merged
+    assert sum(t is operator.mul for t in targets) == 2  # the written twins are not
