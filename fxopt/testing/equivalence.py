@@ -207,11 +207,16 @@ class Divergence:
     #: nodes feeding ``after_node`` that pair with nothing in the original (new, or
     #: changed in place without provenance): where the difference most likely starts
     unpaired_inputs: tuple[str, ...] = ()
+    #: True when the values agreed when computed and differ only at the end of the run:
+    #: an in-place write reached the value in one graph and not in the other
+    written_later: bool = False
 
     def __str__(self) -> str:
         by = f" (created by pass {self.created_by!r})" if self.created_by else ""
+        when = (" (equal when computed, different at the end of the run: an in-place write "
+                "reaches it in one graph only)" if self.written_later else "")
         text = (f"first diverging node: {self.after_node!r}{by} in the rewrite, paired with "
-                f"{self.before_node!r} in the original: {self.mismatch.message}\n"
+                f"{self.before_node!r} in the original{when}: {self.mismatch.message}\n"
                 f"  rewrite:  {self.after_repr}\n  original: {self.before_repr}")
         if self.unpaired_inputs:
             text += ("\n  it is fed by nodes with no counterpart in the original (new, or changed "
@@ -226,15 +231,18 @@ class _Recorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
         self.values: dict[str, Any] = {}
+        self.live: dict[str, Any] = {}  # the values themselves: their state at the end
 
     def run_node(self, node: fx.Node) -> Any:
         result = super().run_node(node)
         if node.op != "output":
             self.values[node.name] = _clone(result)
+            self.live[node.name] = result
         return result
 
 
-def _record(gm: fx.GraphModule, inputs: tuple[Any, ...], seed: int) -> dict[str, Any]:
+def _record(gm: fx.GraphModule, inputs: tuple[Any, ...], seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every node's value when computed, and at the end of the run."""
     recorder = _Recorder(gm)
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -242,7 +250,7 @@ def _record(gm: fx.GraphModule, inputs: tuple[Any, ...], seed: int) -> dict[str,
             recorder.run(*_clone(inputs))
     except Exception:
         pass  # what was recorded up to the failure still localizes
-    return recorder.values
+    return recorder.values, _clone(recorder.live)
 
 
 def pair_nodes(before: fx.GraphModule, after: fx.GraphModule) -> dict[fx.Node, fx.Node]:
@@ -272,19 +280,19 @@ def first_divergence(before: fx.GraphModule, after: fx.GraphModule, inputs: Sequ
                      seed: int = 0) -> Divergence | None:
     """The first node (in the rewrite's order) whose value differs from its partner's."""
     inputs = tuple(inputs)
-    before_values = _record(before, inputs, seed)
-    after_values = _record(after, inputs, seed)
+    before_values, before_final = _record(before, inputs, seed)
+    after_values, after_final = _record(after, inputs, seed)
     pairs = pair_nodes(before, after)
-    for node, partner in pairs.items():
-        if node.name not in after_values or partner.name not in before_values:
-            continue
-        mismatch = compare(before_values[partner.name], after_values[node.name], rtol, atol,
-                           path=node.name)
-        if mismatch is not None:
-            unpaired = tuple(n.format_node() or n.name for n in _unpaired_ancestors(node, pairs))
-            return Divergence(node.name, partner.name, mismatch, node.format_node() or node.name,
-                              partner.format_node() or partner.name, node.meta.get("fxopt.created_by"),
-                              unpaired)
+    for written_later, (old, new) in enumerate([(before_values, after_values), (before_final, after_final)]):
+        for node, partner in pairs.items():
+            if node.name not in new or partner.name not in old:
+                continue
+            mismatch = compare(old[partner.name], new[node.name], rtol, atol, path=node.name)
+            if mismatch is not None:
+                unpaired = tuple(n.format_node() or n.name for n in _unpaired_ancestors(node, pairs))
+                return Divergence(node.name, partner.name, mismatch, node.format_node() or node.name,
+                                  partner.format_node() or partner.name, node.meta.get("fxopt.created_by"),
+                                  unpaired, bool(written_later))
     return None
 
 

@@ -204,3 +204,22 @@ def test_low_precision_rewrite_that_only_rounds_differently_passes():
     assert_equivalent(before, after, (x,))
     with pytest.raises(EquivalenceError):
         assert_equivalent(before, Scaled((w * 0.38).bfloat16(), 1.0), (x,))
+
+
+class TwinsThenWrite(nn.Module):
+    def forward(self, x):
+        a = x * 2.0
+        b = x * 2.0
+        a.view(-1).add_(1.0)
+        return b, a
+
+
+def test_a_divergence_made_by_a_later_in_place_write_is_localized():
+    from broken_passes import BROKEN
+
+    x = torch.randn(3, 4)
+    gm = traced(TwinsThenWrite(), x)
+    merged = fxopt.optimize(gm, passes=[BROKEN["cse_ignores_mutation"]])
+    with pytest.raises(EquivalenceError, match="in-place write reaches it in one graph only") as info:
+        assert_equivalent(gm, merged, (x,))
+    assert info.value.diverging_node == "mul" and "paired with 'mul_1'" in str(info.value)
