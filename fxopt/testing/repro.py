@@ -31,7 +31,7 @@ def _blob(obj: Any) -> str:
     return "\n".join(textwrap.wrap(base64.b64encode(buffer.getvalue()).decode(), 96))
 
 
-def _module_source(name: str, module: nn.Module) -> tuple[str, Any]:
+def _module_source(module: nn.Module) -> tuple[str, Any]:
     """Python that builds ``module``, or (None, module) if it must be pickled."""
     text = repr(module)
     if "\n" not in text and type(module).__module__.startswith("torch.nn"):
@@ -165,7 +165,7 @@ def repro_source(gm: fx.GraphModule, inputs: Sequence[Any], passes: Any = None, 
     for target in sorted(used):
         value = _fetch(gm, target)
         if isinstance(value, nn.Module):
-            source, leftover = _module_source(target, value)
+            source, leftover = _module_source(value)
             if source:
                 builders.append(f"        _attach(self, {target!r}, {source})")
                 tensors.update({f"{target}.{k}": v for k, v in value.state_dict(keep_vars=True).items()})
