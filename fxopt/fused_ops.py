@@ -12,9 +12,8 @@ Each is a ``torch.library`` operator with three faces:
   in Inductor's table back to the plain ops, so Inductor sees through the fused op and
   fuses its parts with their neighbours as it would have without fxopt. One exception:
   a convolution is an external kernel to Inductor, which cannot fuse into it, so on CUDA
-  (where cuDNN's fused kernel applies) and for channels-last inputs the fused conv ops stay
-  whole and the ReLU/add epilogue costs no extra pass over memory (NCHW inputs are
-  decomposed: Inductor's own channels-last re-layout beats cuDNN's fused NCHW kernels). On an H100 that made resnet50 / mobilenet_v3
+  (where cuDNN's fused kernel applies) the fused conv ops stay whole and the ReLU/add
+  epilogue costs no extra pass over memory. On an H100 that made resnet50 / mobilenet_v3
   1.28x / 1.39x faster than decomposing them (bench/RESULTS.md);
   :func:`set_inductor_keeps_cudnn_fusions` (False) decomposes them too.
 
@@ -237,12 +236,7 @@ def _register_inductor_decompositions() -> None:
         return
 
     def keep_cudnn(x: Tensor, weight: Tensor, bias: Tensor | None, *rest: Tensor) -> bool:
-        # Inductor (with freezing) re-lays NCHW convolutions out channels-last, which an
-        # opaque fused op blocks: on NCHW inputs the op is decomposed so Inductor keeps that
-        # freedom; an input already channels-last loses nothing by staying one cuDNN call.
-        return (_KEEP_CUDNN_IN_INDUCTOR and x.is_cuda
-                and x.is_contiguous(memory_format=torch.channels_last)
-                and _cudnn_applies(x, weight, bias, *rest))
+        return _KEEP_CUDNN_IN_INDUCTOR and x.is_cuda and _cudnn_applies(x, weight, bias, *rest)
 
     @register_decomposition(torch.ops.fxopt.add_relu.default)
     def _add_relu(a: Tensor, b: Tensor) -> Tensor:
