@@ -20,18 +20,27 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-#: (node, (op, target, args, kwargs, name, type), meta copy)
-_NodeRecord = tuple[fx.Node, tuple[str, Any, tuple, dict, str, Any], dict]
-# attrgetter/map keep the per-node work in C: this runs before every pass
-_FIELDS = operator.attrgetter("op", "target", "_args", "_kwargs", "name", "type")
+# Node fields a rebuild needs. They are read column by column with attrgetter/map, so the
+# per-node work stays in C and a snapshot allocates no per-node objects besides metadata
+# copies: this runs before every pass, and allocations here feed Python's cyclic GC, whose
+# full collections over a large graph cost more than the snapshot itself.
+_FIELDS = ("op", "target", "_args", "_kwargs", "name", "type")
 _META = operator.attrgetter("meta")
+_NO_META: dict = {}
+
+
+def _copy_meta(meta: dict) -> dict:
+    return meta.copy() if meta else _NO_META
 
 
 @dataclass
 class GraphSnapshot:
     """The structure of a graph at one moment; can rebuild an equal graph later."""
 
-    records: list[_NodeRecord]
+    nodes: list[fx.Node]
+    #: one list per entry of _FIELDS, aligned with ``nodes``
+    columns: tuple[list[Any], ...]
+    metas: list[dict]
     codegen: Any
     tracer_cls: Any
     tracer_extras: Any
@@ -40,18 +49,20 @@ class GraphSnapshot:
     def take(cls, graph: fx.Graph) -> GraphSnapshot:
         nodes = list(graph.nodes)
         return cls(
-            records=list(zip(nodes, map(_FIELDS, nodes), map(dict.copy, map(_META, nodes)))),
+            nodes=nodes,
+            columns=tuple(list(map(operator.attrgetter(f), nodes)) for f in _FIELDS),
+            metas=list(map(_copy_meta, map(_META, nodes))),
             codegen=graph._codegen,
             tracer_cls=getattr(graph, "_tracer_cls", None),
             tracer_extras=getattr(graph, "_tracer_extras", None),
         )
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.nodes)
 
     def restore_meta(self) -> None:
         """Put back every recorded node's metadata (the nodes themselves are unchanged)."""
-        for node, _, meta in self.records:
+        for node, meta in zip(self.nodes, self.metas):
             node.meta = dict(meta)
 
     def build(self, owning_module: fx.GraphModule | None = None) -> fx.Graph:
@@ -59,7 +70,7 @@ class GraphSnapshot:
         graph = fx.Graph(owning_module, self.tracer_cls, self.tracer_extras)
         graph._codegen = self.codegen
         env: dict[fx.Node, fx.Node] = {}
-        for node, (op, target, args, kwargs, name, type_), meta in self.records:
+        for node, op, target, args, kwargs, name, type_, meta in zip(self.nodes, *self.columns, self.metas):
             new = graph.create_node(
                 op, target, fx.map_arg(args, env.__getitem__), fx.map_arg(kwargs, env.__getitem__),
                 name=name, type_expr=type_,

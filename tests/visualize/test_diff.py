@@ -538,7 +538,7 @@ def test_every_registered_pass_is_classified_consistently(pass_name: str) -> Non
         assert fxopt.report_of(gm).records[0].nodes_before == len(gm.graph.nodes)
         return
     snapshot = records[0].before
-    old_objects = {rec[0] for rec in snapshot.records}  # the Node objects before the pass
+    old_objects = set(snapshot.nodes)  # the Node objects before the pass
     now = set(gm.graph.nodes)
     survivors = {n.name for n in now if n in old_objects}
     created = {n.name for n in now if n not in old_objects}
