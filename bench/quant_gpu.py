@@ -38,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fxopt.quant as fq  # noqa: E402
+from fxopt.graph_utils import fetch_attr  # noqa: E402
 from fxopt.quant import triton_kernels  # noqa: E402
 
 MS = [1, 2, 4, 8, 16, 17, 32, 64, 256, 1024, 4096]
@@ -145,7 +146,7 @@ def dequantized_reference(qgm: fx.GraphModule, x: torch.Tensor) -> torch.Tensor:
         if node.op == "placeholder":
             env[node] = x.float()
         elif node.op == "get_attr":
-            env[node] = fq.passes.operator_attr(qgm, node.target)
+            env[node] = fetch_attr(qgm, node.target)
         elif node.op == "output":
             return env[node.args[0]]
         elif node.target is torch.ops.fxopt_quant.int8_weight_only_linear.default:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from fxopt.analysis.alias import storages_of
 from fxopt.analysis.effects import mutated_inputs
 from fxopt.errors import FxoptError, PassError, PassOptionError
+from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass
@@ -324,7 +325,7 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
         for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
             if not _is_weight(node, value) or storages_of(_fake(node)) & written:
                 continue
-            attr = _fresh_name(work, f"_frozen_{node.name}")
+            attr = fresh_attr_name(work, f"_frozen_{node.name}")
             work.register_buffer(attr, value.detach())
             with graph.inserting_after(anchor):
                 getter = graph.get_attr(attr)
@@ -384,14 +385,6 @@ def _written_storages(graph: fx.Graph) -> set | None:
                 return None
             written |= storages_of(value)
     return written
-
-
-def _fresh_name(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 def _sync_dynamo_metadata(gm: fx.GraphModule) -> None:

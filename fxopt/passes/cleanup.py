@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from fxopt.analysis.effects import is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
+from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
@@ -146,7 +147,7 @@ class ConstantFold(Pass):
             if value.numel() * value.element_size() > self.options["max_bytes"]:
                 too_large += 1
                 continue
-            attr = _fresh_attr_name(gm, f"_folded_{node.name}")
+            attr = fresh_attr_name(gm, f"_folded_{node.name}")
             gm.register_buffer(attr, value.detach().clone())
             with gm.graph.inserting_before(node):
                 getter = gm.graph.get_attr(attr)
@@ -163,7 +164,7 @@ class ConstantFold(Pass):
         if node.op != "get_attr":
             return False
         try:
-            return isinstance(_fetch_attr(gm, node.target), torch.Tensor)
+            return isinstance(fetch_attr(gm, node.target), torch.Tensor)
         except AttributeError:
             return False
 
@@ -177,21 +178,6 @@ class ConstantFold(Pass):
                     interpreter.env = values
                     values[node] = interpreter.run_node(node)
         return values
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from fxopt.analysis.shapes import record_value
 from fxopt.errors import InputError
+from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.quant.observers import OBSERVERS, Observer, qparams_from_range, qrange
@@ -184,7 +185,7 @@ class InsertObservers(Pass):
             if mode != "int8_static" or site.act is None:
                 continue
             if site.act not in observed:
-                name = _fresh_name(gm, f"{site.act.name}_observer")
+                name = fresh_attr_name(gm, f"{site.act.name}_observer")
                 gm.add_submodule(name, self._observer(site))
                 with gm.graph.inserting_after(site.act):
                     obs = gm.graph.call_module(name, (site.act,))
@@ -192,15 +193,6 @@ class InsertObservers(Pass):
                 observed[site.act] = obs
             site.node.replace_input_with(site.act, observed[site.act])
         return PassResult(bool(observed), {"observers": len(observed)})
-
-
-def _fresh_name(gm: fx.GraphModule, base: str) -> str:
-    base = base.replace(".", "_")
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 class _Builder:
@@ -220,14 +212,14 @@ class _Builder:
         self.static_qdq: dict[fx.Node, fx.Node] = {}
 
     def attr(self, name: str, value: torch.Tensor) -> str:
-        name = _fresh_name(self.gm, name)
+        name = fresh_attr_name(self.gm, name)
         self.gm.register_buffer(name, value)
         return name
 
     def get(self, target: str) -> fx.Node:
         if target not in self.nodes:
             node = self.nodes[target] = self.graph.get_attr(target)
-            record_value(node, self.fake_mode.from_tensor(operator_attr(self.gm, target), static_shapes=True))
+            record_value(node, self.fake_mode.from_tensor(fetch_attr(self.gm, target), static_shapes=True))
         return self.nodes[target]
 
     def zero_point(self) -> fx.Node:
@@ -337,13 +329,6 @@ class _Builder:
         feed = site.weight_path[-1] if site.weight_path else site.weight_root
         replace = {feed: value, site.current_act(): x}
         return self.graph.node_copy(site.node, lambda n: replace.get(n, n))
-
-
-def operator_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 @register_pass

@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from fxopt.graph_utils import fetch_attr
 from fxopt.pass_protocol import FunctionPass, Pass
 from fxopt.pipeline import Composite, Fixpoint
 
@@ -163,7 +164,7 @@ def repro_source(gm: fx.GraphModule, inputs: Sequence[Any], passes: Any = None, 
     used = {n.target for n in gm.graph.nodes if n.op in ("call_module", "get_attr")}
     builders, pickled, tensors = [], {}, {}
     for target in sorted(used):
-        value = _fetch(gm, target)
+        value = fetch_attr(gm, target)
         if isinstance(value, nn.Module):
             source, leftover = _module_source(value)
             if source:
@@ -217,10 +218,4 @@ def write_repro(path: str | Path, gm: fx.GraphModule, inputs: Sequence[Any], pas
     path.write_text(repro_source(gm, inputs, passes, rtol=rtol, atol=atol, title=title))
     return path
 
-
-def _fetch(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 

@@ -1,0 +1,25 @@
+"""Small GraphModule helpers that several passes share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx as fx
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    """The object a ``get_attr`` target (a dotted path such as ``"layer1.0.weight"``) names."""
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
+    """``base`` (dots made underscores), or ``base_N`` if ``gm`` already has that attribute."""
+    base = base.replace(".", "_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
