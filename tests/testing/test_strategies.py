@@ -59,7 +59,9 @@ def test_shrinking_reaches_a_tiny_graph():
     def has_sub(gm: fx.GraphModule) -> bool:
         return any(n.target in (operator.sub, torch.sub, "sub") for n in gm.graph.nodes)
 
-    smallest = find(fx_graphs(1, 40), has_sub, settings=settings(database=None, max_examples=2000))
+    # derandomized: the shrink result must not depend on the luck of one run
+    smallest = find(fx_graphs(1, 40), has_sub,
+                    settings=settings(database=None, max_examples=2000, derandomize=True))
     assert has_sub(smallest)
     assert node_count(smallest) <= 5, smallest.code  # an input, maybe a constant, the sub (typically 2-3)
 
