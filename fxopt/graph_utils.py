@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch.fx as fx
@@ -23,3 +24,16 @@ def fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
         i += 1
         name = f"{base}_{i}"
     return name
+
+
+def upstream(nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """Every node the given nodes depend on, transitively (the nodes themselves excluded
+    unless one depends on another)."""
+    seen: set[fx.Node] = set()
+    stack = [i for n in nodes for i in n.all_input_nodes]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen

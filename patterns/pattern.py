@@ -20,6 +20,7 @@ import torch.nn as nn
 from fxopt.patterns.canon import CalledModule, Canon, canonicalize
 
 from fxopt.errors import PatternError
+from fxopt.graph_utils import upstream
 
 
 class _Any:
@@ -121,7 +122,7 @@ def compile_pattern(fn: Callable) -> CompiledPattern:
         if form is None:
             raise PatternError(f"pattern {name}: cannot interpret node {node.format_node()}")
         canon[node] = form
-    anchor_ancestors = _ancestors(outputs[-1])
+    anchor_ancestors = upstream([outputs[-1]])
     stray = [o.name for o in outputs[:-1] if o not in anchor_ancestors]
     if stray:
         raise PatternError(f"pattern {name}: output(s) {', '.join(stray)} must feed the last output "
@@ -132,15 +133,6 @@ def compile_pattern(fn: Callable) -> CompiledPattern:
     return CompiledPattern(fn, graph, holes, outputs, canon)
 
 
-def _ancestors(node: fx.Node) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    stack = list(node.all_input_nodes)
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from fxopt.analysis.effects import is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
-from fxopt.graph_utils import fetch_attr, fresh_attr_name
+from fxopt.graph_utils import fetch_attr, fresh_attr_name, upstream
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
@@ -106,14 +106,7 @@ def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
     try:
         alias = ctx.analysis("alias")
     except AnalysisError:
-        closure: set[fx.Node] = set()
-        stack = list(targets)
-        while stack:
-            node = stack.pop()
-            if node not in closure:
-                closure.add(node)
-                stack.extend(node.all_input_nodes)
-        return closure
+        return set(targets) | upstream(targets)
     written = set().union(*alias.writes.values())
     return {n for n, storages in alias.storages.items() if storages & written}
 
