@@ -5,20 +5,31 @@ The weight stays int8 in memory and is converted to the activation dtype in regi
 so the bytes read are half of a bf16 GEMM's and no dequantized weight is ever written.
 That is what makes batch-1 decoding (a GEMV, bound by memory bandwidth) up to 2x faster.
 
-Two kernels, picked by the number of rows M of ``x``:
+Two int8 kernels, picked by the number of rows M of ``x``:
 
-- ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and walks K,
-  multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste >90% of
-  its rows at M = 1).
+- ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and a slice
+  of K, multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste
+  >90% of its rows at M = 1).
 - ``_gemm``: for larger M. It computes ``y.T = w @ x.T`` ("swap AB"): the converted int8
   weight tile is the left operand, which Hopper's wgmma may take from registers, and
   small M becomes the tile's narrow side, so M = 16 wastes nothing.
 
-Both are autotuned per (M bucket, N, K). This module imports triton: it is loaded only
-by the CUDA implementation of ``torch.ops.fxopt_quant.int8_weight_only_linear``.
+Both may split K over SPLIT_K programs (fp32 partial sums, then ``_splitk_reduce``
+applies the scale and bias): a layer with few output channels and a long K (Llama's
+down projection: N = 4096, K = 11008) otherwise has too few programs to keep enough
+loads in flight on every SM. The int8 -> float conversion uses the magic-number trick
+(``_int8_to_f32``): integer add and float subtract instead of the converter unit,
+whose throughput is a quarter of the FMA pipe's and would otherwise bound a GEMV near
+the memory roofline. Configurations (tile, warps, stages, split) are timed once per
+(kernel, M bucket, N, K, dtype) on the first call (:func:`_tuned_config`).
+
+This module imports triton: it is loaded only by the CUDA implementation of
+``torch.ops.fxopt_quant.int8_weight_only_linear`` (and by tests in Triton's interpreter).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,60 +37,106 @@ import triton.language as tl
 from torch import Tensor
 
 #: rows of x up to which the CUDA-core GEMV beats the tensor-core tile (measured on an
-#: H100: at M = 4 and 8 the GEMM kernel was 1.3x and 2.4x faster, see bench/RESULTS.md)
+#: H100, see bench/RESULTS.md "Quantization")
 GEMV_MAX_M = 2
 
 
-def _gemv_configs() -> list[triton.Config]:
-    tiles = [(8, 256, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (8, 512, 4), (32, 128, 4),
-             (64, 128, 8), (16, 1024, 8), (4, 1024, 4), (8, 1024, 8), (32, 512, 8), (64, 256, 8)]
-    # deeper load pipelines keep more bytes in flight per SM, which a GEMV lives on
-    deep = [(16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 256, 8, 3)]
-    return ([triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w) for bn, bk, w in tiles]
-            + [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-               for bn, bk, w, st in deep])
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration of ``_gemv`` or ``_gemm``.
+
+    ``split_k`` programs share one tile's K range; ``fast_cvt`` picks the magic-number
+    int8 conversion (1) or Triton's plain cast (0); ``block_m`` is the GEMM's tile of
+    rows (the GEMV takes all M rows at once).
+    """
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+    block_m: int = 16
+    fast_cvt: int = 1
+
+
+def candidates(kind: str, m: int) -> list[Config]:
+    """The configurations tried for ``kind`` ("gemv" or "gemm") at ``m`` rows."""
+    if kind == "gemv":
+        tiles = [(16, 512, 4, 1), (8, 512, 4, 1), (32, 256, 4, 1), (8, 1024, 4, 1), (4, 1024, 4, 1),
+                 (16, 1024, 8, 1), (32, 512, 8, 1), (16, 512, 4, 2), (8, 512, 4, 2), (16, 256, 4, 2),
+                 (32, 256, 4, 2), (16, 512, 4, 4), (8, 1024, 4, 4), (32, 512, 8, 4), (16, 512, 4, 8)]
+        rows = triton.next_power_of_2(m)
+        # the fp32 partial sums of the tile live in registers: keep them to 64 per thread
+        return [Config(bn, bk, w, 1, split) for bn, bk, w, split in tiles
+                if rows * bn * bk <= 64 * 32 * w]
+    if m <= 16:
+        return [Config(bn, bk, w, st, split) for bn, bk, w, st, split in [
+            (64, 128, 4, 4, 1), (64, 256, 4, 3, 1), (128, 128, 4, 4, 1), (128, 256, 8, 3, 1),
+            (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 4, 4, 2), (64, 128, 4, 4, 4),
+            (64, 256, 4, 3, 4), (128, 256, 8, 3, 4)]]
+    return [Config(bn, bk, w, st, 1, bm) for bn, bm, bk, w, st in [
+        (64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
+        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]]
 
 
 @triton.jit
-def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+def _int8_to_f32(w, FAST_CVT: tl.constexpr):
+    """int8 -> fp32, exactly. FAST_CVT: 2**23 + 128 + w as an integer has the bits of the
+    float 8388736.0 + w (w + 128 fits the low mantissa bits), so an integer add and a
+    float subtract replace the int-to-float converter (I2F)."""
+    if FAST_CVT:
+        return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _finish(acc, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Scale, bias and store ``acc`` (row ``rm``, channel ``rn`` per element, broadcast to
+    its shape), or store it unscaled as partial sum ``pid_k`` when K is split."""
+    mask = (rm < M) & (rn < N)
+    if SPLIT_K == 1:
+        acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rm * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(p_ptr + (pid_k * M + rm) * N + rn, acc, mask=mask)
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr):
+          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr):
+    pid_k = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_mask = rn < N
     m_mask = rm < M
+    # the K slices of the splits are whole blocks, so only K's own end needs a mask
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
+    for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    out = tl.sum(acc, axis=2) * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
-
-
-def _gemm_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": bk, "GROUP_N": 8},
-                          num_warps=w, num_stages=s)
-            for bn, bm, bk, w, s in [
-                (64, 16, 128, 4, 4), (128, 16, 128, 4, 4), (64, 32, 128, 4, 4),
-                (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
-                (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-                (256, 128, 64, 8, 3)]]
+        # the scale is applied once, after the K reduction
+        acc += x.to(tl.float32)[:, None, :] * _int8_to_f32(w, FAST_CVT)[None, :, :]
+    _finish(tl.sum(acc, axis=2), rm[:, None], rn[None, :], pid_k, s_ptr, b_ptr, y_ptr, p_ptr,
+            M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
-def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-          M_BUCKET, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+          HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+          SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr):
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
     grid_m = tl.cdiv(M, BLOCK_M)
     per_group = GROUP_N * grid_m
@@ -90,22 +147,90 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-    x_ptrs = x_ptr + rm[None, :] * stride_xm + rk[:, None]
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
+    for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BLOCK_K):
         k_mask = (k0 + rk) < K
-        w = tl.load(w_ptrs, mask=(rn[:, None] < N) & k_mask[None, :], other=0)
-        xt = tl.load(x_ptrs, mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
-        acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=PRECISION)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    n_mask = rn < N
-    acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[None, :] < M) & n_mask[:, None])
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :],
+                    mask=(rn[:, None] < N) & k_mask[None, :], other=0)
+        xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
+                     mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
+        if FAST_CVT and xt.dtype == tl.bfloat16:
+            # an integer of at most 8 significant bits: its bf16 is the fp32's upper half
+            bits = _int8_to_f32(w, FAST_CVT).to(tl.int32, bitcast=True) >> 16
+            wt = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        elif FAST_CVT:
+            wt = _int8_to_f32(w, FAST_CVT).to(xt.dtype)
+        else:
+            wt = w.to(xt.dtype)
+        acc = tl.dot(wt, xt, acc, input_precision=PRECISION)
+    _finish(acc, rm[None, :], rn[:, None], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+            HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+                   SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0)
+    rm = offs // N
+    rn = offs % N
+    _finish(acc, rm, rn, 0, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym, HAS_BIAS, 1)
+
+
+def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
+             y: Tensor) -> None:
+    """Launch ``kind`` with ``config``: ``y[M, N] = (x2d @ w.T) * scale + bias``."""
+    m, k = x2d.shape
+    n = w.shape[0]
+    split = config.split_k
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x2d.device) if split > 1 else y
+    b = bias if bias is not None else scale  # dummy pointer when HAS_BIAS=False
+    args = (x2d, w, scale, b, y, part, m, n, k, x2d.stride(0), w.stride(0), y.stride(0))
+    meta = {"HAS_BIAS": bias is not None, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+            "SPLIT_K": split, "FAST_CVT": config.fast_cvt, "num_warps": config.num_warps,
+            "num_stages": config.num_stages}
+    grid_n = triton.cdiv(n, config.block_n)
+    if kind == "gemv":
+        _gemv[(grid_n, split)](*args, BLOCK_M=triton.next_power_of_2(m), **meta)
+    else:
+        precision = "ieee" if x2d.dtype == torch.float32 else "tf32"
+        _gemm[(grid_n * triton.cdiv(m, config.block_m), split)](
+            *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, **meta)
+    if split > 1:
+        _splitk_reduce[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0),
+                                                    HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=1024)
+
+
+_TUNED: dict[tuple, Config] = {}
+
+
+def tuned_config(kind: str, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
+                 y: Tensor) -> Config:
+    """The fastest of :func:`candidates` for this (kernel, M bucket, N, K, dtypes), timed on
+    the first call with these operands (``triton.testing.do_bench`` flushes L2 between
+    runs, as a stack of layers too large for L2 would). On CPU tensors (Triton's
+    interpreter, in tests) the first candidate, untimed."""
+    m, k = x2d.shape
+    key = (kind, triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None)
+    if key not in _TUNED:
+        configs = candidates(kind, m)
+        if not x2d.is_cuda:
+            _TUNED[key] = configs[0]
+        else:
+            times = {}
+            for config in configs:
+                try:
+                    times[config] = triton.testing.do_bench(
+                        lambda c=config: run_int8(kind, c, x2d, w, scale, bias, y),
+                        warmup=5, rep=20, return_mode="median")
+                except triton.runtime.errors.OutOfResources:
+                    continue
+            _TUNED[key] = min(times, key=times.get)
+    return _TUNED[key]
 
 
 @triton.jit
@@ -181,8 +306,6 @@ def _int4_gemm_configs() -> list[triton.Config]:
             for bn, bm, w, st in [(64, 16, 4, 3), (128, 16, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]]
 
 
-_gemv_tuned = triton.autotune(configs=_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv)
-_gemm_tuned = triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm)
 _gemv_int4_tuned = triton.autotune(configs=_int4_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv_int4)
 _gemm_int4_tuned = triton.autotune(configs=_int4_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm_int4)
 
@@ -198,12 +321,13 @@ def _launch(tuned, kernel, configs, x: Tensor, grid, *args, **kwargs) -> None:
 
 
 def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
-                            kernel: str | None = None) -> Tensor:
+                            kernel: str | None = None, config: Config | None = None) -> Tensor:
     """``F.linear(x, w.to(x.dtype)) * w_scale + bias`` without materializing ``w.to(x.dtype)``.
 
     ``x``: ``[..., K]`` fp32/bf16/fp16; ``w``: ``[N, K]`` int8 with unit stride along K;
-    ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None. ``kernel`` forces "gemv" or
-    "gemm" (benchmarks compare them); by default M picks (see GEMV_MAX_M).
+    ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None. ``kernel`` ("gemv" or "gemm")
+    and ``config`` force a kernel and its configuration (benchmarks compare them); by
+    default M picks the kernel (see GEMV_MAX_M) and :func:`tuned_config` its configuration.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = w.shape[0]
@@ -216,18 +340,10 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
     if m == 0:
         return y.reshape(*lead, n)
     scale = w_scale.to(torch.float32).contiguous()
-    b = bias.contiguous() if bias is not None else scale  # dummy pointer when HAS_BIAS=False
-    args = (x2d, w, scale, b, y, m, n, k, x2d.stride(0), w.stride(0), y.stride(0))
-    if kernel == "gemv" or (kernel is None and m <= GEMV_MAX_M):
-        block_m = triton.next_power_of_2(m)
-        _launch(_gemv_tuned, _gemv, _gemv_configs(), x,
-                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
-                *args, HAS_BIAS=bias is not None, BLOCK_M=block_m)
-    else:
-        precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        _launch(_gemm_tuned, _gemm, _gemm_configs(), x,
-                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),),
-                *args, triton.next_power_of_2(m), HAS_BIAS=bias is not None, PRECISION=precision)
+    bias = bias.contiguous() if bias is not None else None
+    kind = kernel or ("gemv" if m <= GEMV_MAX_M else "gemm")
+    config = config or tuned_config(kind, x2d, w, scale, bias, y)
+    run_int8(kind, config, x2d, w, scale, bias, y)
     return y.reshape(*lead, n)
 
 

@@ -32,17 +32,56 @@ from fxopt.quant import triton_kernels  # noqa: E402
 CASES = [(1, 40, 256, torch.float32, True, "gemv"), (2, 24, 512, torch.bfloat16, False, "gemv"),
          (5, 72, 256, torch.float16, True, "gemm"), (17, 33, 512, torch.float32, False, "gemm")]
 
+Config = triton_kernels.Config
+#: (M, N, K, dtype, bias, kernel, config): K not a multiple of the split slices, split K
+#: with and without bias, both int8 conversions, and tiles wider than N
+CONFIG_CASES = [
+    (1, 40, 320, torch.bfloat16, True, "gemv", Config(16, 64, 4, 1, split_k=2)),
+    (2, 24, 320, torch.float32, False, "gemv", Config(8, 64, 4, 1, split_k=3, fast_cvt=0)),
+    (3, 48, 256, torch.float16, True, "gemv", Config(32, 128, 4, 1, split_k=1)),
+    (5, 72, 320, torch.float16, True, "gemm", Config(32, 32, 4, 2, split_k=3)),
+    (16, 40, 256, torch.float32, False, "gemm", Config(64, 64, 4, 2, split_k=2, fast_cvt=0)),
+    (17, 33, 96, torch.float32, True, "gemm", Config(32, 32, 4, 2, split_k=1, block_m=32)),
+]
+
+
+def _int8_case(m, n, k, dtype, bias):
+    x = torch.randn(m, k, dtype=dtype)
+    # the full int8 range, -128 included: the fast conversion must be exact on every value
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    s = torch.rand(n) / 100
+    b = torch.randn(n, dtype=dtype) if bias else None
+    expected = (x.double() @ w.double().t()) * s.double() + (b.double() if bias else 0)
+    return x, w, s, b, expected
+
+
+def _assert_matches(y, expected, dtype):
+    assert y.dtype == dtype and not y.isnan().any()
+    torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+
 
 @pytest.mark.parametrize("m,n,k,dtype,bias,kernel", CASES)
 def test_int8_kernels_match_dequantized_reference(m, n, k, dtype, bias, kernel):
-    torch.manual_seed(0)
-    x = torch.randn(m, k, dtype=dtype)
-    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-    s = torch.rand(n) / 100
-    b = torch.randn(n, dtype=dtype) if bias else None
+    x, w, s, b, expected = _int8_case(m, n, k, dtype, bias)
     y = triton_kernels.int8_weight_only_linear(x, w, s, b, kernel=kernel)
-    expected = (x.float() @ w.float().t()) * s + (b.float() if bias else 0)
-    torch.testing.assert_close(y.float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+    _assert_matches(y, expected, dtype)
+
+
+@pytest.mark.parametrize("m,n,k,dtype,bias,kernel,config", CONFIG_CASES)
+def test_int8_configs_match_dequantized_reference(m, n, k, dtype, bias, kernel, config):
+    x, w, s, b, expected = _int8_case(m, n, k, dtype, bias)
+    y = triton_kernels.int8_weight_only_linear(x, w, s, b, kernel=kernel, config=config)
+    _assert_matches(y, expected, dtype)
+
+
+def test_int8_fast_conversion_is_exact():
+    """One input channel at a time: the GEMV's output is then the converted weight itself."""
+    w = torch.arange(-128, 128, dtype=torch.int8).reshape(256, 1).repeat(1, 64)
+    x = torch.zeros(1, 64)
+    x[0, 5] = 1.0
+    y = triton_kernels.int8_weight_only_linear(x, w, torch.ones(256), None, kernel="gemv",
+                                               config=Config(16, 64, 4, 1, fast_cvt=1))
+    assert torch.equal(y[0], torch.arange(-128, 128, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("m,n,k,dtype,bias,kernel", CASES)
