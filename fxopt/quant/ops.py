@@ -10,9 +10,12 @@ Two kinds of op:
 - *Decomposing* ops (``quantize``, ``dequantize``, ``dynamic_scale``,
   ``int8_dynamic_linear``, ``int8_linear``) are registered as ``CompositeImplicitAutograd``: their Python
   body is their decomposition. Tracing (Dynamo, AOT, make_fx) inlines them into aten ops,
-  so Inductor fuses the rounding, clamping and scaling into neighbouring kernels, and
-  ``torch._int_mm`` reaches Inductor's int8 GEMM lowering. They need no fake impl:
+  so Inductor fuses the rounding, clamping and scaling into neighbouring kernels. They need no fake impl:
   the decomposition runs on fake tensors.
+- ``int8_scaled_mm`` (the int8 GEMM with its dequantizing epilogue, behind
+  ``int8_dynamic_linear``) is *opaque*: on CUDA a Triton kernel, elsewhere
+  ``torch._int_mm`` and the scaling. Opaque because Inductor's freezing passes rewrite a
+  visible ``_int_mm -> mul -> mul`` into CPU-only oneDNN ops (``fxopt.quant.int8_mm``).
 - ``int8_weight_only_linear`` and ``int4_weight_only_linear`` are *opaque*: on CUDA they
   run Triton kernels that read the int8 (int4) weight and dequantize it in registers (no
   dequantized weight is ever written), elsewhere their reference definition, e.g.
@@ -64,37 +67,48 @@ def dynamic_scale(x: Tensor, dims: list[int], qmax: int) -> Tensor:
     return torch.clamp(amax, min=1e-12) / qmax
 
 
-def int_mm_allowed(x2d: Tensor, w: Tensor) -> bool:
-    """Whether ``torch._int_mm`` accepts these operands on CUDA: M > 16, K and N % 8 == 0."""
-    m, k = x2d.shape
-    return x2d.is_cuda and m > 16 and k % 8 == 0 and w.shape[0] % 8 == 0
+def int8_scaled_mm_reference(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor,
+                             bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """The definition of ``int8_scaled_mm``: ``(xq @ w.T) * x_scale * w_scale + bias``.
+
+    ``xq`` ``[M, K]`` and ``w`` ``[N, K]`` are int8, multiplied exactly with int32
+    accumulation (``torch._int_mm``); ``x_scale`` holds M float32 values, ``w_scale`` N.
+    """
+    acc = torch._int_mm(xq, w.t()).to(torch.float32)
+    out = acc * x_scale.reshape(-1, 1).to(torch.float32) * w_scale.to(torch.float32)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype)
+
+
+def _scaled_mm_cuda(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
+                    out_dtype: torch.dtype) -> Tensor:
+    from fxopt.quant import int8_mm  # triton is imported only where CUDA runs
+
+    return int8_mm.int8_scaled_mm(xq, w, x_scale, w_scale, bias, out_dtype)
+
+
+def _scaled_mm_fake(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
+                    out_dtype: torch.dtype) -> Tensor:
+    return xq.new_empty((xq.shape[0], w.shape[0]), dtype=out_dtype)
 
 
 def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ w.T`` with ``x`` quantized per token at run time and ``w`` int8 per channel.
 
-    ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. Uses
-    ``torch._int_mm`` (int8 tensor cores, int32 accumulation) where it is allowed and
-    otherwise the weight-only kernel on the int8-valued activations (exact products,
-    fp32 accumulation), so small M never errors.
+    ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. The per-token
+    scale and the quantization decompose into aten ops, which Inductor fuses into the
+    kernel that produces ``x`` (a LayerNorm, an activation); the int8 GEMM and its
+    dequantizing epilogue are the opaque ``int8_scaled_mm`` (see ``fxopt.quant.int8_mm``
+    for why it is opaque). Every M works, so small M needs no fallback.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     x2d = x.reshape(-1, k)
     x_scale = dynamic_scale(x2d, [-1], INT8_SYMMETRIC_MAX)
     xq = quantize(x2d, x_scale, torch.zeros((), device=x.device), -INT8_SYMMETRIC_MAX,
                   INT8_SYMMETRIC_MAX)
-    if int_mm_allowed(x2d, w):
-        acc = torch._int_mm(xq, w.t()).to(torch.float32) * w_scale
-    else:
-        # int8 values are exact in bf16 (and fp32 on CPU), and the weight-only kernel
-        # accumulates in fp32 without writing a converted weight; fp16 would overflow
-        exact = torch.bfloat16 if x.is_cuda else torch.float32
-        acc = torch.ops.fxopt_quant.int8_weight_only_linear(xq.to(exact), w, w_scale, None)
-        acc = acc.to(torch.float32)
-    out = acc * x_scale
-    if bias is not None:
-        out = out + bias.to(torch.float32)
-    return out.to(x.dtype).reshape(*lead, w.shape[0])
+    out = torch.ops.fxopt_quant.int8_scaled_mm(xq, w, x_scale, w_scale, bias, x.dtype)
+    return out.reshape(*lead, w.shape[0])
 
 
 def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
@@ -170,6 +184,11 @@ _define_composite("quantize(Tensor x, Tensor scale, Tensor zero_point, int qmin,
 _define_composite("dequantize(Tensor q, Tensor scale, Tensor zero_point, ScalarType out_dtype) -> Tensor",
                   dequantize)
 _define_composite("dynamic_scale(Tensor x, int[] dims, int qmax) -> Tensor", dynamic_scale)
+_LIB.define("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
+            "ScalarType out_dtype) -> Tensor")
+_LIB.impl("int8_scaled_mm", int8_scaled_mm_reference, "CPU")
+_LIB.impl("int8_scaled_mm", _scaled_mm_cuda, "CUDA")
+torch.library.register_fake("fxopt_quant::int8_scaled_mm")(_scaled_mm_fake)
 _define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
                   int8_dynamic_linear)
 _LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")

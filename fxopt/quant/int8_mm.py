@@ -1,0 +1,135 @@
+"""Triton kernel for the int8 dynamic linear: ``y = (xq @ w.T) * x_scale * w_scale + bias``.
+
+``xq`` is ``[M, K]`` int8 (quantized per token at run time), ``w`` ``[N, K]`` int8 (per
+output channel). The product runs on the int8 tensor cores with int32 accumulation, and
+the whole dequantization (per-token x per-channel scale, bias, cast to the output dtype)
+happens in the epilogue, in registers: the int32 accumulator never reaches memory.
+
+Why our own kernel rather than ``torch._int_mm`` followed by a pointwise epilogue:
+
+- ``torch._int_mm`` on an H100 (torch 2.11) runs a cuBLASLt/CUTLASS *sm80* kernel (no
+  Hopper wgmma) and writes an int32 ``[M, N]`` result that the epilogue reads back: twice
+  the bytes of a bf16 output, and the bytes a memory-bound shape lives on.
+- The ``_int_mm -> convert -> mul -> mul`` graph is exactly what Inductor's freezing pass
+  ``_register_smooth_quant_int_mm_pattern`` (torch/_inductor/fx_passes/quantization.py)
+  rewrites into oneDNN's ``qlinear_prepack``/``qlinear_pointwise``: CPU-only ops, so with
+  ``torch._inductor.config.freezing = True`` a CUDA model fails to compile (torch 2.11) and
+  a CPU model computes wrong results (torch 2.13). Behind the opaque op
+  ``torch.ops.fxopt_quant.int8_scaled_mm`` no ``_int_mm`` is left for the pattern to match.
+
+Block sizes are autotuned per (M bucket, N, K). Small M is memory bound (weight bytes):
+narrow tiles and deep pipelines keep enough CTAs streaming the weight; large M is compute
+bound: 128x128 .. 256x128 tiles with K blocks of 128 bytes suit Hopper's int8 wgmma (both
+operands K-major, which is how ``xq`` and ``w`` are laid out). This module imports
+triton: it is loaded only by the CUDA implementation of the op (and by its
+interpreter-mode tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+_SMALL_M = [(16, 64, 256, 4, 4), (32, 64, 256, 4, 4), (64, 64, 256, 4, 4), (16, 128, 128, 4, 5),
+            (32, 128, 128, 4, 5), (64, 128, 128, 4, 4), (32, 32, 512, 4, 3)]
+_LARGE_M = [(128, 128, 128, 8, 3), (128, 128, 128, 4, 4), (128, 256, 128, 8, 3),
+            (256, 128, 128, 8, 3), (128, 64, 128, 4, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4)]
+
+
+def _configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                          num_warps=w, num_stages=s)
+            for bm, bn, bk, w, s in _SMALL_M + _LARGE_M]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Tiles at most twice as tall as M (padding rows cost tensor-core time and, with
+    few rows, CTAs), and for large M no tile shorter than 64 rows."""
+    bucket = named_args["M_BUCKET"]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(2 * bucket, 16)
+            and (bucket <= 128 or c.kwargs["BLOCK_M"] >= 64)]
+    return kept or configs[:1]
+
+
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def _int8_scaled_mm(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
+                    stride_ym, M_BUCKET, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    # grouped launch order: programs that run together share x and w tiles in L2
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows/columns past the edge re-read row/column 0 (wrapped) instead of being masked:
+    # the main loop stays mask-free along M and N; the store masks them out
+    rm_in = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    rn_in = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rm_in[:, None] * stride_xm + rk[None, :]
+    w_ptrs = w_ptr + rn_in[None, :] * stride_wn + rk[:, None]  # the [BLOCK_K, BLOCK_N] tile of w.T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = rk < K - k0
+            x = tl.load(x_ptrs, mask=k_ok[None, :], other=0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+        acc = tl.dot(x, w, acc, out_dtype=tl.int32)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    m_ok = rm < M
+    n_ok = rn < N
+    out = (acc.to(tl.float32) * tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
+           * tl.load(ws_ptr + rn, mask=n_ok, other=0.0)[None, :])
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+_tuned = triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"],
+                         prune_configs_by={"early_config_prune": _prune})(_int8_scaled_mm)
+
+
+def int8_scaled_mm(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
+                   out_dtype: torch.dtype, config: dict | None = None) -> Tensor:
+    """``(xq @ w.T) * x_scale * w_scale + bias`` as ``out_dtype``, int32 accumulation.
+
+    ``xq``: ``[M, K]`` int8; ``w``: ``[N, K]`` int8; ``x_scale``: ``M`` float32 values
+    (``[M, 1]`` or ``[M]``); ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None.
+    ``config`` forces one block configuration (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K`` and
+    optionally ``num_warps``/``num_stages``) instead of autotuning: the interpreter-mode
+    tests need that, since the autotuner times on a GPU.
+    """
+    m, k = xq.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    xq = xq if xq.stride(-1) == 1 else xq.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    xs = x_scale.to(torch.float32).reshape(m).contiguous()
+    ws = w_scale.to(torch.float32).reshape(n).contiguous()
+    b = bias.contiguous() if bias is not None else ws  # dummy pointer when HAS_BIAS=False
+    args = (xq, w, xs, ws, b, y, m, n, k, xq.stride(0), w.stride(0), y.stride(0),
+            triton.next_power_of_2(m))
+    if config is None:
+        _tuned[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+            *args, HAS_BIAS=bias is not None)
+    else:
+        meta = {"GROUP_M": 8, **config}
+        grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        _int8_scaled_mm[grid](*args, HAS_BIAS=bias is not None, **meta)
+    return y

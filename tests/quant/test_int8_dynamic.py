@@ -1,0 +1,64 @@
+"""int8 dynamic linear on CPU: the int8 GEMM op's definition, and the regression for
+Inductor's freezing pass that rewrote a visible ``_int_mm -> mul -> mul`` into oneDNN's
+``qlinear`` (CPU-only: on CUDA the compile failed; on CPU, torch 2.13, the compiled model
+returned wrong numbers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
+
+import fxopt.quant as fq
+from fxopt.quant.ops import ops
+
+
+@pytest.mark.parametrize("m,bias,dtype", [(1, True, torch.float32), (17, False, torch.bfloat16),
+                                          (40, True, torch.float16)])
+def test_int8_scaled_mm_is_exact_int_product_then_scales(m, bias, dtype):
+    k, n = 96, 24
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    xs, ws = torch.rand(m, 1) / 50, torch.rand(n) / 50
+    b = torch.randn(n, dtype=dtype) if bias else None
+    y = ops.int8_scaled_mm(xq, w, xs, ws, b, dtype)
+    exact = (xq.double() @ w.double().t()) * xs.double() * ws.double() + (b.double() if bias else 0)
+    assert y.dtype == dtype and y.shape == (m, n)
+    # exact up to the rounding to fp32 and then to dtype: one unit in the last place
+    torch.testing.assert_close(y.double(), exact, rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+def test_dynamic_linear_any_leading_shape_and_rows_below_int_mm_minimum():
+    x = torch.randn(2, 3, 64)  # 6 rows: torch._int_mm on CUDA would refuse M <= 16
+    w, s = torch.randint(-127, 128, (16, 64), dtype=torch.int8), torch.rand(16) / 100
+    xs = x.abs().amax(-1, keepdim=True) / 127
+    expected = (torch.clamp(torch.round(x / xs), -127, 127) @ w.float().t()) * xs * s
+    torch.testing.assert_close(ops.int8_dynamic_linear(x, w, s, None), expected, rtol=1e-5, atol=1e-5)
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(128, 256), nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_dynamic_route_compiles_with_global_freezing_and_matches():
+    model = _MLP().eval()
+    x = torch.randn(32, 128)
+    dyn = fq.quantize_model(model, (x,), "int8_dynamic")
+    route = fq.quantize_model(model, (x,), "int8_weight_only", dynamic_min_tokens=17)
+    torch._dynamo.reset()
+    # the *global* flag is what makes Dynamo lift parameters as frozen constants
+    with torch._inductor.config.patch(freezing=True), torch.no_grad():
+        for q in (dyn, route):
+            fresh = torch.randn(32, 128)
+            y, code = run_and_get_code(torch.compile(q, fullgraph=True), fresh)
+            code = "\n".join(code)
+            assert "qlinear" not in code and code.count("torch.ops.fxopt_quant.int8_scaled_mm.default(") == 2
+            torch.testing.assert_close(y, q(fresh), rtol=1e-4, atol=1e-4)
+            assert fq.sqnr(model(fresh), y) >= 30
+    torch._dynamo.reset()

@@ -1,0 +1,46 @@
+"""The Triton int8 GEMM of the dynamic route, run by Triton's interpreter on CPU tensors.
+
+Skipped where triton is not installed (CI's CPU torch has none) or its interpreter cannot
+run (numpy >= 2.3); the GPU benchmark checks the kernel on the hardware before timing it.
+Each case forces one block configuration (the autotuner times on a GPU) and covers edges:
+M, N and K that are not multiples of the blocks, bias or none, every output dtype.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 3):
+    pytest.skip("triton's interpreter needs numpy < 2.3", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was already imported in compiled mode in this process", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported and when kernels launch
+from fxopt.quant import int8_mm  # noqa: E402
+
+CASES = [(17, 40, 256, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}, True, torch.bfloat16),
+         (70, 24, 200, {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64}, False, torch.float32),
+         (5, 72, 128, {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, True, torch.float16),
+         (130, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32}, True, torch.float32)]
+
+
+@pytest.mark.parametrize("m,n,k,config,bias,dtype", CASES)
+def test_int8_scaled_mm_matches_exact_product(m, n, k, config, bias, dtype):
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    xs, ws = torch.rand(m, 1) / 100, torch.rand(n) / 100
+    b = torch.randn(n, dtype=dtype) if bias else None
+    y = int8_mm.int8_scaled_mm(xq, w, xs, ws, b, dtype, config=config)
+    exact = (xq.double() @ w.double().t()) * xs.double() * ws.double() + (b.double() if bias else 0)
+    assert y.shape == (m, n) and y.dtype == dtype
+    # int32 accumulation is exact; what remains is the output rounding (the interpreter
+    # rounds to bf16 by truncation: up to 2 units)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(y.double(), exact, rtol=2 * eps, atol=1e-6)
