@@ -22,6 +22,7 @@ BUILTIN_PASS_MODULES: tuple[str, ...] = (
     "fxopt.passes.inplace",
     "fxopt.memory.plan",
     "fxopt.quant.passes",
+    "fxopt.quant.merge",
 )
 
 _REGISTRY: dict[str, type[Pass]] = {}
