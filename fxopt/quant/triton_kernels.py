@@ -5,12 +5,12 @@ The weight stays int8 in memory and is converted to the activation dtype in regi
 so the bytes read are half of a bf16 GEMM's and no dequantized weight is ever written.
 That is what makes batch-1 decoding (a GEMV, bound by memory bandwidth) up to 2x faster.
 
-Two int8 kernels, picked by the number of rows M of ``x``:
+Two int8 kernels; the faster one for the shape is picked by timing (:func:`tuned_config`):
 
 - ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and a slice
   of K, multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste
   >90% of its rows at M = 1).
-- ``_gemm``: for larger M. It computes ``y.T = w @ x.T`` ("swap AB"): the converted int8
+- ``_gemm``: for any M. It computes ``y.T = w @ x.T`` ("swap AB"): the converted int8
   weight tile is the left operand, which Hopper's wgmma may take from registers, and
   small M becomes the tile's narrow side, so M = 16 wastes nothing.
 
@@ -18,10 +18,10 @@ Both may split K over SPLIT_K programs (fp32 partial sums, then ``_splitk_reduce
 applies the scale and bias): a layer with few output channels and a long K (Llama's
 down projection: N = 4096, K = 11008) otherwise has too few programs to keep enough
 loads in flight on every SM. The int8 -> float conversion uses the magic-number trick
-(``_int8_to_f32``): integer add and float subtract instead of the converter unit,
-whose throughput is a quarter of the FMA pipe's and would otherwise bound a GEMV near
-the memory roofline. Configurations (tile, warps, stages, split) are timed once per
-(kernel, M bucket, N, K, dtype) on the first call (:func:`_tuned_config`).
+(``_int8_to_f32``): an integer add and a float subtract instead of the int-to-float
+converter, whose throughput on Hopper is a quarter of the FMA pipe's (a GEMV at M = 1
+converts one weight per FMA). Kernels and configurations (tile, warps, stages, split)
+are timed once per (M bucket, N, K, dtype) on the first call (:func:`tuned_config`).
 
 This module imports triton: it is loaded only by the CUDA implementation of
 ``torch.ops.fxopt_quant.int8_weight_only_linear`` (and by tests in Triton's interpreter).
@@ -36,9 +36,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: rows of x up to which the CUDA-core GEMV beats the tensor-core tile (measured on an
-#: H100, see bench/RESULTS.md "Quantization")
-GEMV_MAX_M = 2
+#: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
+#: the tensor-core tile's do not)
+GEMV_MAX_M = 8
+#: the same for the int4 kernels, which are picked by M alone (no tuning between them)
+INT4_GEMV_MAX_M = 2
 
 
 @dataclass(frozen=True)
@@ -59,24 +61,29 @@ class Config:
     fast_cvt: int = 1
 
 
-def candidates(kind: str, m: int) -> list[Config]:
-    """The configurations tried for ``kind`` ("gemv" or "gemm") at ``m`` rows."""
-    if kind == "gemv":
-        tiles = [(16, 512, 4, 1), (8, 512, 4, 1), (32, 256, 4, 1), (8, 1024, 4, 1), (4, 1024, 4, 1),
-                 (16, 1024, 8, 1), (32, 512, 8, 1), (16, 512, 4, 2), (8, 512, 4, 2), (16, 256, 4, 2),
-                 (32, 256, 4, 2), (16, 512, 4, 4), (8, 1024, 4, 4), (32, 512, 8, 4), (16, 512, 4, 8)]
+_GEMV_TILES = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4),
+               (16, 1024, 8), (32, 512, 8), (4, 256, 4), (8, 256, 4), (4, 512, 4), (16, 128, 4),
+               (8, 128, 4)]
+_GEMM_SMALL_M = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (128, 256, 8, 3), (32, 256, 4, 4)]
+_GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
+                 (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
+
+
+def candidates(m: int, kind: str | None = None) -> list[tuple[str, Config]]:
+    """The (kernel, configuration) pairs tried at ``m`` rows, optionally of one kernel only."""
+    found = []
+    if kind in (None, "gemv") and (m <= GEMV_MAX_M or kind == "gemv"):
         rows = triton.next_power_of_2(m)
         # the fp32 partial sums of the tile live in registers: keep them to 64 per thread
-        return [Config(bn, bk, w, 1, split) for bn, bk, w, split in tiles
-                if rows * bn * bk <= 64 * 32 * w]
-    if m <= 16:
-        return [Config(bn, bk, w, st, split) for bn, bk, w, st, split in [
-            (64, 128, 4, 4, 1), (64, 256, 4, 3, 1), (128, 128, 4, 4, 1), (128, 256, 8, 3, 1),
-            (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 4, 4, 2), (64, 128, 4, 4, 4),
-            (64, 256, 4, 3, 4), (128, 256, 8, 3, 4)]]
-    return [Config(bn, bk, w, st, 1, bm) for bn, bm, bk, w, st in [
-        (64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
-        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]]
+        found += [("gemv", Config(bn, bk, w, 1, split)) for split in (1, 2, 4)
+                  for bn, bk, w in _GEMV_TILES if rows * bn * bk <= 64 * 32 * w]
+    if kind in (None, "gemm"):
+        if m <= 16:
+            found += [("gemm", Config(bn, bk, w, st, split)) for split in (1, 2, 4)
+                      for bn, bk, w, st in _GEMM_SMALL_M]
+        else:
+            found += [("gemm", Config(bn, bk, w, st, 1, bm)) for bn, bm, bk, w, st in _GEMM_LARGE_M]
+    return found
 
 
 @triton.jit
@@ -91,7 +98,7 @@ def _int8_to_f32(w, FAST_CVT: tl.constexpr):
 
 @triton.jit
 def _finish(acc, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
-            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+            HAS_BIAS: tl.constexpr, SPLIT_K):
     """Scale, bias and store ``acc`` (row ``rm``, channel ``rn`` per element, broadcast to
     its shape), or store it unscaled as partial sum ``pid_k`` when K is split."""
     mask = (rm < M) & (rn < N)
@@ -107,7 +114,7 @@ def _finish(acc, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
 @triton.jit
 def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr):
+          BLOCK_K: tl.constexpr, SPLIT_K, FAST_CVT: tl.constexpr):
     pid_k = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -133,7 +140,7 @@ def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
-          SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr):
+          SPLIT_K, FAST_CVT: tl.constexpr):
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -155,12 +162,13 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
                     mask=(rn[:, None] < N) & k_mask[None, :], other=0)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
                      mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
-        if FAST_CVT and xt.dtype == tl.bfloat16:
-            # an integer of at most 8 significant bits: its bf16 is the fp32's upper half
-            bits = _int8_to_f32(w, FAST_CVT).to(tl.int32, bitcast=True) >> 16
-            wt = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        elif FAST_CVT:
-            wt = _int8_to_f32(w, FAST_CVT).to(xt.dtype)
+        if FAST_CVT:
+            wf = _int8_to_f32(w, FAST_CVT)
+            if xt.dtype == tl.bfloat16:
+                # an integer of at most 8 significant bits: its bf16 is the fp32's upper half
+                wt = (wf.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            else:
+                wt = wf.to(xt.dtype)
         else:
             wt = w.to(xt.dtype)
         acc = tl.dot(wt, xt, acc, input_precision=PRECISION)
@@ -169,12 +177,12 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 
 
 @triton.jit
-def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS: tl.constexpr,
+                   BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in tl.range(1, SPLIT_K):
         acc += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0)
     rm = offs // N
     rn = offs % N
@@ -201,31 +209,34 @@ def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, b
         _gemm[(grid_n * triton.cdiv(m, config.block_m), split)](
             *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, **meta)
     if split > 1:
-        _splitk_reduce[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0),
-                                                    HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=1024)
+        _splitk_reduce[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
+                                                    HAS_BIAS=bias is not None, BLOCK=1024)
 
 
-_TUNED: dict[tuple, Config] = {}
+_TUNED: dict[tuple, tuple[str, Config]] = {}
+#: every candidate's time (ms) per tuning key: what the benchmark reports
+TUNING_TIMES: dict[tuple, dict[tuple[str, Config], float]] = {}
 
 
-def tuned_config(kind: str, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
-                 y: Tensor) -> Config:
-    """The fastest of :func:`candidates` for this (kernel, M bucket, N, K, dtypes), timed on
-    the first call with these operands (``triton.testing.do_bench`` flushes L2 between
-    runs, as a stack of layers too large for L2 would). On CPU tensors (Triton's
-    interpreter, in tests) the first candidate, untimed."""
+def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: Tensor,
+                 kind: str | None = None) -> tuple[str, Config]:
+    """The fastest of :func:`candidates` for this (M bucket, N, K, dtypes, kernel choice),
+    timed on the first call with these operands (``triton.testing.do_bench`` flushes L2
+    between runs, as a stack of layers too large for L2 would). The first call must not
+    be inside a CUDA graph capture. On CPU tensors (Triton's interpreter, in tests) the
+    first candidate, untimed."""
     m, k = x2d.shape
-    key = (kind, triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None)
+    key = (triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None, kind)
     if key not in _TUNED:
-        configs = candidates(kind, m)
+        found = candidates(m, kind)
         if not x2d.is_cuda:
-            _TUNED[key] = configs[0]
+            _TUNED[key] = found[0]
         else:
-            times = {}
-            for config in configs:
+            times = TUNING_TIMES[key] = {}
+            for kind_config in found:
                 try:
-                    times[config] = triton.testing.do_bench(
-                        lambda c=config: run_int8(kind, c, x2d, w, scale, bias, y),
+                    times[kind_config] = triton.testing.do_bench(
+                        lambda kc=kind_config: run_int8(*kc, x2d, w, scale, bias, y),
                         warmup=5, rep=20, return_mode="median")
                 except triton.runtime.errors.OutOfResources:
                     continue
@@ -327,7 +338,7 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
     ``x``: ``[..., K]`` fp32/bf16/fp16; ``w``: ``[N, K]`` int8 with unit stride along K;
     ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None. ``kernel`` ("gemv" or "gemm")
     and ``config`` force a kernel and its configuration (benchmarks compare them); by
-    default M picks the kernel (see GEMV_MAX_M) and :func:`tuned_config` its configuration.
+    default :func:`tuned_config` picks both.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = w.shape[0]
@@ -341,9 +352,9 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
         return y.reshape(*lead, n)
     scale = w_scale.to(torch.float32).contiguous()
     bias = bias.contiguous() if bias is not None else None
-    kind = kernel or ("gemv" if m <= GEMV_MAX_M else "gemm")
-    config = config or tuned_config(kind, x2d, w, scale, bias, y)
-    run_int8(kind, config, x2d, w, scale, bias, y)
+    if config is None:
+        kernel, config = tuned_config(x2d, w, scale, bias, y, kernel)
+    run_int8(kernel or ("gemv" if m <= GEMV_MAX_M else "gemm"), config, x2d, w, scale, bias, y)
     return y.reshape(*lead, n)
 
 
@@ -364,7 +375,7 @@ def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: in
     w, scales = w.contiguous(), scales.to(torch.float32).contiguous()
     b = bias.contiguous() if bias is not None else scales
     args = (x2d, w, scales, b, y, m, n, k, x2d.stride(0), w.stride(0), scales.stride(0), y.stride(0))
-    if kernel == "gemv" or (kernel is None and m <= GEMV_MAX_M):
+    if kernel == "gemv" or (kernel is None and m <= INT4_GEMV_MAX_M):
         _launch(_gemv_int4_tuned, _gemv_int4, _int4_gemv_configs(), x,
                 lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
                 *args, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), GROUP=group_size)
