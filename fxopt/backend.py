@@ -17,7 +17,10 @@ backend does what Inductor's freezing does one level down: every parameter/buffe
 placeholder that the graph never writes to becomes a ``get_attr`` of a buffer holding
 that same tensor, and the compiled function drops those arguments. Inductor's own
 ``freezing`` is switched on for the same graphs, so the (possibly rewritten) weights end
-up as Inductor constants. Like Inductor's freezing, the compiled graph keeps the weight
+up as Inductor constants. After the user's passes, ``channels_last_weights`` stores the
+half-precision CUDA conv weights channels-last, as Inductor's freezing does for the
+convolutions it sees: fxopt's fused conv ops are opaque to Inductor, and with NCHW
+weights cuDNN would transpose around every one of them. Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
 Training graphs are never frozen and inference-only passes are skipped on them, with a
 line in the report.
@@ -50,7 +53,8 @@ from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass
-from fxopt.pipeline import Composite, Conditional, PassLike
+from fxopt.passes.layout import ChannelsLastWeights
+from fxopt.pipeline import Composite, Conditional, PassLike, resolve
 from fxopt.report import PassRecord, Report
 from fxopt.snapshot import GraphSnapshot
 
@@ -225,7 +229,10 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             gm, example_inputs, None if opts.freeze and not training else
             "training graph: parameters stay inputs" if training else "freeze=False")
         hooks = [VerifyEach(work, [example_inputs[i] for i in keep])] if opts.verify else []
-        report = PassManager(opts.pipeline("passes"), hooks=hooks).run(
+        passes = resolve(opts.pipeline("passes") or [])
+        if freeze_record.changed:  # as Inductor's freezing does for the convolutions it sees
+            passes.append(ChannelsLastWeights())
+        report = PassManager(passes, hooks=hooks).run(
             work, training=training, settings={"backend": "fxopt", "level": "torch"})
         report.records.insert(0, freeze_record)
         _sync_dynamo_metadata(work)

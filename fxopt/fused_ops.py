@@ -12,7 +12,8 @@ Each is a ``torch.library`` operator with three faces:
   in Inductor's table back to the plain ops, so Inductor sees through the fused op and
   fuses its parts with their neighbours as it would have without fxopt. One exception:
   a convolution is an external kernel to Inductor, which cannot fuse into it, so on CUDA
-  (where cuDNN's fused kernel applies) the fused conv ops stay whole and the ReLU/add
+  (where cuDNN's fused kernel applies) the fused conv ops become ATen's own
+  ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu`` calls and the ReLU/add
   epilogue costs no extra pass over memory. On an H100 that made resnet50 / mobilenet_v3
   1.28x / 1.39x faster than decomposing them (bench/RESULTS.md);
   :func:`set_inductor_keeps_cudnn_fusions` (False) decomposes them too.
@@ -228,15 +229,69 @@ def _triton_add_relu(a: Tensor, b: Tensor) -> Tensor:
 
 # --- Inductor sees through the fused ops --------------------------------------------------
 
+def _suggest_cudnn_memory_format(x: Tensor, weight: Tensor) -> torch.memory_format:
+    """The layout cuDNN's fused convolutions write (ATen's ``cudnn_conv_suggest_memory_format``):
+    channels-last when the input or the weight is, for 4-d convolutions."""
+    from torch._prims_common import suggest_memory_format
+
+    if weight.dim() == 4 and torch.channels_last in (suggest_memory_format(x), suggest_memory_format(weight)):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _cudnn_conv_relu_meta(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
+                          padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    shape = conv_bias_relu_fake_shape(x, weight, stride, padding, dilation)
+    return x.new_empty(shape).contiguous(memory_format=_suggest_cudnn_memory_format(x, weight))
+
+
+def _cudnn_conv_add_relu_meta(x: Tensor, weight: Tensor, z: Tensor, alpha: float | None,
+                              bias: Tensor | None, stride: list[int], padding: list[int],
+                              dilation: list[int], groups: int) -> Tensor:
+    return _cudnn_conv_relu_meta(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _register_cudnn_meta_kernels() -> bool:
+    """Teach fake tensors ATen's own fused cuDNN ops, which ship without meta kernels, so
+    that compiled code can call them directly; False if this torch cannot."""
+    aten = torch.ops.aten
+    ops = {"cudnn_convolution_relu": _cudnn_conv_relu_meta,
+           "cudnn_convolution_add_relu": _cudnn_conv_add_relu_meta}
+    if not all(hasattr(aten, name) for name in ops):
+        return False
+    lib = torch.library.Library("aten", "IMPL")
+    for name, meta in ops.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            lib.impl(name, meta, "Meta")
+    _KEEP_ALIVE.append(lib)
+    return True
+
+
+_KEEP_ALIVE: list[torch.library.Library] = []  # a Library's registrations die with it
+
+
 def _register_inductor_decompositions() -> None:
+    """Inductor sees through the fused ops: each decomposes into plain ops it fuses itself,
+    except a convolution that cuDNN's fused kernel takes whole (see the module docstring).
+
+    That one decomposes into ATen's ``cudnn_convolution_relu`` / ``_add_relu`` rather than
+    staying an ``fxopt`` op, so Inductor's generated code calls the cuDNN op straight
+    through the dispatcher: keeping the fxopt op whole would route every call through its
+    Python CUDA implementation, and at ~50 convolutions per forward that launch overhead
+    cost more than the fusion saved (bench/RESULTS.md, "torch.compile hand-off").
+    Grouped (depthwise) convolutions are left to Inductor: cuDNN picks a slow direct kernel
+    for them when fused.
+    """
     try:
         from torch._inductor.decomposition import register_decomposition
-        from torch._inductor.lowering import make_fallback
     except ImportError:  # an Inductor-less build: nothing to teach
         return
+    cudnn_ops_callable = _register_cudnn_meta_kernels()
+    aten = torch.ops.aten
 
-    def keep_cudnn(x: Tensor, weight: Tensor, bias: Tensor | None, *rest: Tensor) -> bool:
-        return _KEEP_CUDNN_IN_INDUCTOR and x.is_cuda and _cudnn_applies(x, weight, bias, *rest)
+    def keep_cudnn(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, *rest: Tensor) -> bool:
+        return (_KEEP_CUDNN_IN_INDUCTOR and cudnn_ops_callable and groups == 1 and x.is_cuda
+                and _cudnn_applies(x, weight, bias, *rest))
 
     @register_decomposition(torch.ops.fxopt.add_relu.default)
     def _add_relu(a: Tensor, b: Tensor) -> Tensor:
@@ -248,22 +303,17 @@ def _register_inductor_decompositions() -> None:
 
     @register_decomposition(torch.ops.fxopt.conv_bias_relu.default)
     def _conv_bias_relu(x, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
-        if keep_cudnn(x, weight, bias):
-            return NotImplemented
+        if keep_cudnn(x, weight, bias, groups):
+            return aten.cudnn_convolution_relu.default(x, weight, bias, stride, padding, dilation, groups)
         return conv_bias_relu_reference(x, weight, bias, stride, padding, dilation, groups)
 
     @register_decomposition(torch.ops.fxopt.conv_bias_add_relu.default)
     def _conv_bias_add_relu(x, weight, bias, z, alpha, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
-        if keep_cudnn(x, weight, bias, z):
-            return NotImplemented
+        if (keep_cudnn(x, weight, bias, groups, z)
+                and tuple(z.shape) == conv_bias_relu_fake_shape(x, weight, stride, padding, dilation)):
+            return aten.cudnn_convolution_add_relu.default(x, weight, z, alpha, bias, stride, padding,
+                                                           dilation, groups)
         return conv_bias_add_relu_reference(x, weight, bias, z, alpha, stride, padding, dilation, groups)
-
-    # When the decompositions above decline (NotImplemented), the op reaches lowering with a
-    # decomposition still in the table, and Inductor's implicit fallback asserts "both a
-    # fallback and a decomp for same op". Registering the fallback up front, explicitly
-    # overriding the decomposition, is the sanctioned way to keep an op whole.
-    for op in (torch.ops.fxopt.conv_bias_relu.default, torch.ops.fxopt.conv_bias_add_relu.default):
-        make_fallback(op, override_decomp=True)
 
 
 _register_inductor_decompositions()

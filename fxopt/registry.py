@@ -20,6 +20,7 @@ BUILTIN_PASS_MODULES: tuple[str, ...] = (
     "fxopt.passes.cleanup",
     "fxopt.patterns.stock",
     "fxopt.passes.inplace",
+    "fxopt.passes.layout",
     "fxopt.memory.plan",
     "fxopt.quant.passes",
     "fxopt.quant.merge",

@@ -249,6 +249,22 @@ def _is_fresh(node: fx.Node, canon: Canon | None) -> bool:
     return canon is not None and canon.op in FRESH_OPS and not canon.inplace
 
 
+def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Node],
+                        matcher: StructuralMatcher) -> bool:
+    """Whether an in-place write into ``written`` can be seen only inside the match: the
+    tensor is fresh (no view of anything) and only the match reads it. An in-place result
+    inside the match (``relu_`` of ``y += z``) is the storage of the tensor *it* wrote
+    into, so the check follows the chain of writes down to the tensor that owns it."""
+    while isinstance(written, fx.Node):
+        if not (written in matched and written not in outputs or len(written.users) == 1):
+            return False
+        form = matcher.canon(written)
+        if written not in matched or form is None or not form.inplace:
+            return _is_fresh(written, form)
+        written = form.args[0]
+    return False
+
+
 @dataclass
 class SweepState:
     """Facts about the graph for one sweep: node positions (new nodes get fractions below
@@ -303,14 +319,9 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
                     return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
                             "match; the rewrite would have to keep it (return it from the pattern to allow that)")
         form = forms[g]
-        if form.inplace:
-            written = form.args[0]
-            # invisible: a fresh tensor (no view of anything) that only the match reads
-            if not isinstance(written, fx.Node) or not (
-                    (written in matched and written not in outputs or len(written.users) == 1)
-                    and _is_fresh(written, matcher.canon(written))):
-                return (f"node {g.name!r} writes in place into {_describe(written)}, which is visible outside "
-                        "the match; replacing it with an out-of-place computation would change the program")
+        if form.inplace and not _write_is_invisible(form.args[0], matched, outputs, matcher):
+            return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
+                    "outside the match; replacing it with an out-of-place computation would change the program")
     if first is not anchor and sweep.write_between(m.gm, first, anchor, matched):
         return "an in-place write outside the match happens between the matched nodes"
     anchor_pos = positions[anchor]

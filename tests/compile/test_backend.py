@@ -4,6 +4,7 @@ graph breaks, dynamic shapes, soundness of freezing around writes."""
 import copy
 import re
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -55,6 +56,39 @@ def test_inference_graph_freezes_weights_so_weight_passes_apply():
     assert "_folded" in graph.code
     placeholders = [line for line in graph.code.splitlines() if line.startswith("def forward")]
     assert "parameters" not in placeholders[0] and "buffers" not in placeholders[0]
+
+
+class Bottleneck(nn.Module):
+    """torchvision's residual spelling, which Dynamo keeps as written: ``out += identity``
+    (an in-place add) then an in-place ReLU module. With ``leak`` the program reads the sum
+    again after the ReLU wrote into it, which a fused op would not reproduce."""
+
+    def __init__(self, leak: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.leak = leak
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        out = self.bn(self.conv(x))
+        out += x
+        y = self.relu(out)
+        return y * 2 - out if self.leak else y
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_in_place_residual_fuses_only_when_the_writes_stay_invisible(leak):
+    model = Bottleneck(leak).eval()
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports})
+    assert_equivalent(model, compiled, (torch.randn(2, 4, 6, 6),))
+    (graph,) = reports
+    assert ("conv_bias_add_relu" in graph.code) is not leak, graph.code
+    assert ("+=" in graph.code) is leak, graph.code
 
 
 def test_training_graph_is_left_to_autograd():

@@ -211,3 +211,51 @@ def test_inductor_sees_through_fused_ops() -> None:
     assert not any("fxopt" in t for t in targets), targets
     assert any("convolution" in t for t in targets) and any("relu" in t for t in targets)
     torch.testing.assert_close(traced(*args), f(*args))
+
+
+class InPlaceResidual(nn.Module):
+    """torchvision's Bottleneck spelling: ``out += identity`` then an in-place ReLU module."""
+
+    def __init__(self, leak: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.leak = leak
+
+    def forward(self, x):
+        out = self.bn(self.conv(x))
+        out += x
+        y = self.relu(out)
+        return y * 2 + out if self.leak else y  # leak: the sum is read after the ReLU wrote it
+
+
+@pytest.mark.parametrize("how", ["symbolic_trace", "make_fx"])
+def test_in_place_residual_add_and_relu_fuse(how: str) -> None:
+    model = randomize_bn(InPlaceResidual()).eval()
+    x = torch.randn(2, 4, 6, 6)
+    gm, args = capture(model, (x,), how)
+    out = _optimize(gm, args, FUSE)
+    names = ops(out)
+    assert names.count("conv_bias_add_relu") == 1, names
+    assert not any(n in names for n in ("iadd", "add_.Tensor", "relu", "relu_.default")), names
+    fresh = _fresh(args)
+    torch.testing.assert_close(out(*fresh), gm(*fresh))
+
+
+def test_in_place_write_into_an_input_is_never_fused_away() -> None:
+    """``a += b`` on a graph input is visible to the caller: relu(a + b) must not become an
+    out-of-place fused op, at the end of a chain of in-place writes or not."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b):
+        a.add_(b)
+        return torch.relu(a)
+
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    gm = make_fx(f)(a.clone(), b)
+    out = _optimize(gm, (a.clone(), b), ["fuse_add_relu"])
+    assert "add_relu" not in ops(out), ops(out)
+    mine, theirs = a.clone(), a.clone()
+    torch.testing.assert_close(out(mine, b), f(theirs, b))
+    torch.testing.assert_close(mine, theirs)

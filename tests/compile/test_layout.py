@@ -1,0 +1,53 @@
+"""``channels_last_weights``: constant conv weights re-stored channels-last, values intact."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxopt
+from fxopt.graph_utils import fetch_attr
+
+
+class SharedWeightNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        y = y + F.conv2d(x, self.conv.weight, padding=1)  # the same weight, a second conv
+        return self.head(y)
+
+
+def _conv_weights(gm):
+    return [fetch_attr(gm, n.args[1].target) for n in gm.graph.nodes
+            if n.op == "call_function" and "convolution" in str(n.target)]
+
+
+def test_constant_conv_weights_become_channels_last_with_equal_values():
+    model = SharedWeightNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm = make_fx(model)(x)  # ATen graph: the weights are get_attr constants
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    out = fxopt.optimize(gm, passes=["channels_last_weights{device=cpu,dtypes=all}"], example_inputs=(x,))
+
+    weights = _conv_weights(out)
+    assert len(weights) == 3 and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    assert weights[0] is weights[1]  # a shared weight is converted once
+    torch.testing.assert_close(weights[0], model.conv.weight.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(out(x), model(x))
+    for name, t in model.state_dict().items():  # the user's tensors: same values, same layout
+        assert torch.equal(t, before[name]) and t.is_contiguous(), name
+    report = fxopt.report_of(out)
+    # the 1x1 head weight already is channels-last (its strides fit both layouts)
+    assert report.records[-1].stats["weights"] == 1
+
+
+def test_only_the_requested_device_and_dtypes_are_touched():
+    model = SharedWeightNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    for passes in ("channels_last_weights", "channels_last_weights{device=cpu}"):  # cuda / half only
+        out = fxopt.optimize(make_fx(model)(x), passes=[passes], example_inputs=(x,))
+        assert not _conv_weights(out)[0].is_contiguous(memory_format=torch.channels_last)
