@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import functools
 import itertools
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.fx as fx
@@ -18,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fxopt
 from fxopt.memory.executor import ArenaError, ArenaRunner, _ArenaInterpreter
 from fxopt.memory.problem import Buffer, PlacementError, verify_placement
-from fxopt.memory.solver import solve
+from fxopt.memory.solver import BranchAndBound, solve
 from fxopt.models import ZOO, example_inputs
 
 MINIMALLOC = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimalloc"
@@ -80,6 +82,41 @@ def test_verifier_names_the_overlapping_buffers():
     verify_placement([a, b])  # touching is fine
     c = Buffer("c", 6, 9, 100, offset=0)  # same bytes as a, after a died
     verify_placement([a, b, c])
+
+
+def brute_optimum(buffers: list[Buffer]) -> int:
+    """The smallest arena, by trying every order: each buffer dropped onto those placed before it.
+
+    Every placement can be compacted that way (lower each buffer, in order of offset, onto the
+    highest earlier one it overlaps), so the best order reaches the optimum.
+    """
+    best = None
+    for order in itertools.permutations(buffers):
+        placed: list[tuple[Buffer, int]] = []
+        for b in order:
+            offset = max((o + p.size for p, o in placed if p.start <= b.end and b.start <= p.end), default=0)
+            placed.append((b, offset))
+        arena = max(o + p.size for p, o in placed)
+        best = arena if best is None else min(best, arena)
+    return best
+
+
+small_intervals = st.lists(
+    st.tuples(st.integers(0, 8), st.integers(0, 4), st.integers(1, 5)), min_size=1, max_size=6,
+).map(lambda rows: [Buffer(f"b{i}", s, s + d, size) for i, (s, d, size) in enumerate(rows)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_intervals)
+def test_search_finds_the_optimum_and_proves_anything_smaller_infeasible(buffers):
+    starts, ends, sizes = (np.array([getattr(b, k) for b in buffers]) for k in ("start", "end", "size"))
+    optimum = brute_optimum(buffers)
+    found = BranchAndBound(starts, ends, sizes, optimum, deadline=time.perf_counter() + 30).run()
+    assert found is not None
+    for b, offset in zip(buffers, found):
+        b.offset = int(offset)
+    verify_placement(buffers, capacity=optimum)
+    assert BranchAndBound(starts, ends, sizes, optimum - 1, deadline=time.perf_counter() + 30).run() is None
 
 
 def test_search_reaches_the_bound_where_greedy_cannot():
