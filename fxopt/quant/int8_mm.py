@@ -1,4 +1,5 @@
-"""Triton kernel for the int8 dynamic linear: ``y = (xq @ w.T) * x_scale * w_scale + bias``.
+"""Triton kernels for the int8 dynamic linear: ``y = (xq @ w.T) * x_scale * w_scale + bias``,
+and the per-token quantization that produces ``xq`` and ``x_scale``.
 
 ``xq`` is ``[M, K]`` int8 (quantized per token at run time), ``w`` ``[N, K]`` int8 (per
 output channel). The product runs on the int8 tensor cores with int32 accumulation, and
@@ -20,9 +21,17 @@ Why our own kernel rather than ``torch._int_mm`` followed by a pointwise epilogu
 Block sizes are autotuned per (M bucket, N, K). Small M is memory bound (weight bytes):
 narrow tiles and deep pipelines keep enough CTAs streaming the weight; large M is compute
 bound: 128x128 .. 256x128 tiles with K blocks of 128 bytes suit Hopper's int8 wgmma (both
-operands K-major, which is how ``xq`` and ``w`` are laid out). This module imports
-triton: it is loaded only by the CUDA implementation of the op (and by its
-interpreter-mode tests).
+operands K-major, which is how ``xq`` and ``w`` are laid out).
+
+The per-token quantization (``quantize_per_token``) is one program per row (or a few short
+rows): the row is loaded once into registers, reduced to its absmax, scaled, rounded and
+stored as int8 with its float32 scale. Inductor's own fusion of that reduction into the
+producing kernel re-reads the row in a second loop once it is wider than its persistent
+limit (1024): measured on an H100, GELU + quantize of a ``[6304, 3072]`` bf16 tensor took
+98 us per call, three times its byte time.
+
+This module imports triton: it is loaded only by the CUDA implementations of the ops
+(and by their interpreter-mode tests).
 """
 
 from __future__ import annotations
@@ -32,11 +41,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fxopt.quant.ops import INT8_SYMMETRIC_MAX
+
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 _SMALL_M = [(16, 64, 256, 4, 4), (32, 64, 256, 4, 4), (64, 64, 256, 4, 4), (16, 128, 128, 4, 5),
             (32, 128, 128, 4, 5), (64, 128, 128, 4, 4), (32, 32, 512, 4, 3)]
 _LARGE_M = [(128, 128, 128, 8, 3), (128, 128, 128, 4, 4), (128, 256, 128, 8, 3),
-            (256, 128, 128, 8, 3), (128, 64, 128, 4, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4)]
+            (256, 128, 128, 8, 3), (128, 64, 128, 4, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4),
+            (128, 128, 256, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 4), (128, 256, 64, 8, 4)]
 
 
 def _configs() -> list[triton.Config]:
@@ -133,3 +145,42 @@ def int8_scaled_mm(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias
         grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
         _int8_scaled_mm[grid](*args, HAS_BIAS=bias is not None, **meta)
     return y
+
+
+#: the widest row kept whole in registers (32 fp32 values per thread at 32 warps)
+MAX_ROW = 32768
+
+
+@triton.jit
+def _quantize_rows(x_ptr, q_ptr, s_ptr, M, K, stride_xm, QMAX: tl.constexpr, ROWS: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rk = tl.arange(0, BLOCK_K)
+    mask = (rm[:, None] < M) & (rk[None, :] < K)
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12) / QMAX
+    # IEEE division and round-half-to-even (adding and subtracting 1.5 * 2**23 rounds an
+    # fp32 |v| < 2**22 to an integer in the default rounding mode): bit-identical to the
+    # aten decomposition
+    q = (tl.math.div_rn(x, scale[:, None]) + 12582912.0) - 12582912.0
+    q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+    tl.store(q_ptr + rm[:, None] * K + rk[None, :], q.to(tl.int8), mask=mask)
+    tl.store(s_ptr + rm, scale, mask=rm < M)
+
+
+def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row of a 2-D ``x``: ``(xq [M, K] int8, scale [M, 1] float32)``,
+    ``scale = max(absmax, 1e-12) / 127``, ``xq = clamp(round(x / scale), -127, 127)``."""
+    m, k = x.shape
+    block_k = triton.next_power_of_2(k)
+    assert block_k <= MAX_ROW, "the caller falls back to the aten ops for wider rows"
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, scale
+    rows = max(1, min(8, 4096 // block_k))  # short rows: several per program
+    warps = min(32, max(4, rows * block_k // 512))
+    _quantize_rows[(triton.cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), QMAX=INT8_SYMMETRIC_MAX,
+                                            ROWS=rows, BLOCK_K=block_k, num_warps=warps)
+    return q, scale

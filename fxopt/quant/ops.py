@@ -12,10 +12,11 @@ Two kinds of op:
   body is their decomposition. Tracing (Dynamo, AOT, make_fx) inlines them into aten ops,
   so Inductor fuses the rounding, clamping and scaling into neighbouring kernels. They need no fake impl:
   the decomposition runs on fake tensors.
-- ``int8_scaled_mm`` (the int8 GEMM with its dequantizing epilogue, behind
-  ``int8_dynamic_linear``) is *opaque*: on CUDA a Triton kernel, elsewhere
-  ``torch._int_mm`` and the scaling. Opaque because Inductor's freezing passes rewrite a
-  visible ``_int_mm -> mul -> mul`` into CPU-only oneDNN ops (``fxopt.quant.int8_mm``).
+- ``quantize_per_token`` and ``int8_scaled_mm`` (the int8 GEMM with its dequantizing
+  epilogue), behind ``int8_dynamic_linear``, are *opaque*: on CUDA Triton kernels,
+  elsewhere their aten definitions (``torch._int_mm`` and the scaling). Opaque because
+  Inductor's freezing passes rewrite a visible ``_int_mm -> mul -> mul`` into CPU-only
+  oneDNN ops, and its fused per-token reduction is slow on wide rows (``fxopt.quant.int8_mm``).
 - ``int8_weight_only_linear`` and ``int4_weight_only_linear`` are *opaque*: on CUDA they
   run Triton kernels that read the int8 (int4) weight and dequantize it in registers (no
   dequantized weight is ever written), elsewhere their reference definition, e.g.
@@ -67,6 +68,26 @@ def dynamic_scale(x: Tensor, dims: list[int], qmax: int) -> Tensor:
     return torch.clamp(amax, min=1e-12) / qmax
 
 
+def quantize_per_token_reference(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The definition of ``quantize_per_token``: symmetric int8 per row of a 2-D ``x``,
+    returned as ``(xq [M, K] int8, scale [M, 1] float32)``."""
+    scale = dynamic_scale(x, [-1], INT8_SYMMETRIC_MAX)
+    zero = torch.zeros((), device=x.device)
+    return quantize(x, scale, zero, -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX), scale
+
+
+def _quantize_per_token_cuda(x: Tensor) -> tuple[Tensor, Tensor]:
+    from fxopt.quant import int8_mm
+
+    if x.shape[-1] > int8_mm.MAX_ROW:  # a row too wide to keep in registers
+        return quantize_per_token_reference(x)
+    return int8_mm.quantize_per_token(x)
+
+
+def _quantize_per_token_fake(x: Tensor) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
 def int8_scaled_mm_reference(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor,
                              bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
     """The definition of ``int8_scaled_mm``: ``(xq @ w.T) * x_scale * w_scale + bias``.
@@ -96,17 +117,13 @@ def _scaled_mm_fake(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bia
 def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ w.T`` with ``x`` quantized per token at run time and ``w`` int8 per channel.
 
-    ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. The per-token
-    scale and the quantization decompose into aten ops, which Inductor fuses into the
-    kernel that produces ``x`` (a LayerNorm, an activation); the int8 GEMM and its
-    dequantizing epilogue are the opaque ``int8_scaled_mm`` (see ``fxopt.quant.int8_mm``
-    for why it is opaque). Every M works, so small M needs no fallback.
+    ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. Two opaque ops
+    with Triton kernels on CUDA (see ``fxopt.quant.int8_mm`` for why they are opaque):
+    ``quantize_per_token`` (one pass over each row) and ``int8_scaled_mm`` (int8 tensor
+    cores, dequantizing epilogue). Every M works, so small M needs no fallback.
     """
     lead, k = x.shape[:-1], x.shape[-1]
-    x2d = x.reshape(-1, k)
-    x_scale = dynamic_scale(x2d, [-1], INT8_SYMMETRIC_MAX)
-    xq = quantize(x2d, x_scale, torch.zeros((), device=x.device), -INT8_SYMMETRIC_MAX,
-                  INT8_SYMMETRIC_MAX)
+    xq, x_scale = torch.ops.fxopt_quant.quantize_per_token(x.reshape(-1, k))
     out = torch.ops.fxopt_quant.int8_scaled_mm(xq, w, x_scale, w_scale, bias, x.dtype)
     return out.reshape(*lead, w.shape[0])
 
@@ -184,6 +201,10 @@ _define_composite("quantize(Tensor x, Tensor scale, Tensor zero_point, int qmin,
 _define_composite("dequantize(Tensor q, Tensor scale, Tensor zero_point, ScalarType out_dtype) -> Tensor",
                   dequantize)
 _define_composite("dynamic_scale(Tensor x, int[] dims, int qmax) -> Tensor", dynamic_scale)
+_LIB.define("quantize_per_token(Tensor x) -> (Tensor, Tensor)")
+_LIB.impl("quantize_per_token", quantize_per_token_reference, "CPU")
+_LIB.impl("quantize_per_token", _quantize_per_token_cuda, "CUDA")
+torch.library.register_fake("fxopt_quant::quantize_per_token")(_quantize_per_token_fake)
 _LIB.define("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
             "ScalarType out_dtype) -> Tensor")
 _LIB.impl("int8_scaled_mm", int8_scaled_mm_reference, "CPU")

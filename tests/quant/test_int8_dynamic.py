@@ -59,6 +59,7 @@ def test_dynamic_route_compiles_with_global_freezing_and_matches():
             y, code = run_and_get_code(torch.compile(q, fullgraph=True), fresh)
             code = "\n".join(code)
             assert "qlinear" not in code and code.count("torch.ops.fxopt_quant.int8_scaled_mm.default(") == 2
+            assert code.count("torch.ops.fxopt_quant.quantize_per_token.default(") == 2
             torch.testing.assert_close(y, q(fresh), rtol=1e-4, atol=1e-4)
             assert fq.sqnr(model(fresh), y) >= 30
     torch._dynamo.reset()

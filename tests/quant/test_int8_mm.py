@@ -44,3 +44,21 @@ def test_int8_scaled_mm_matches_exact_product(m, n, k, config, bias, dtype):
     # rounds to bf16 by truncation: up to 2 units)
     eps = torch.finfo(dtype).eps
     torch.testing.assert_close(y.double(), exact, rtol=2 * eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("m,k,dtype", [(1, 768, torch.bfloat16), (13, 3072, torch.float32),
+                                       (5, 100, torch.float16), (3, 11008, torch.bfloat16)])
+def test_quantize_per_token_is_bit_identical_to_the_aten_definition(m, k, dtype):
+    from fxopt.quant.ops import quantize_per_token_reference
+
+    x = torch.randn(m, k, dtype=dtype) * torch.rand(m, 1, dtype=dtype) * 10
+    x[0, :] = 0  # an all-zero row: the scale's floor keeps it finite
+    if m > 1:  # exact ties (scale 1.0): rounded half to even, as torch.round does
+        x[1, :] = 0
+        x[1, :6] = torch.tensor([127, 0.5, 1.5, 2.5, -0.5, -2.5])
+    q, s = int8_mm.quantize_per_token(x)
+    q_ref, s_ref = quantize_per_token_reference(x)
+    assert q.dtype == torch.int8 and s.shape == (m, 1)
+    assert torch.equal(s, s_ref) and torch.equal(q, q_ref)
+    if m > 1:
+        assert q[1, :6].tolist() == [127, 0, 2, 2, 0, -2]
