@@ -237,7 +237,7 @@ def minimalloc_rows(seconds: float) -> list[dict]:
         rows.append({"instance": path.name.split(".")[0], "buffers": len(buffers),
                      "greedy_by_size": float((by_size + sizes).max()) / 1048576,
                      "fxopt": solution.arena / 1048576, "method": solution.method,
-                     "seconds": round(took, 1)})
+                     "search_nodes": solution.nodes, "seconds": round(took, 1)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -277,7 +277,8 @@ def main() -> None:
                                      "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
     print(json.dumps(results["scaling"]))
     if args.minimalloc:
-        print(table(results["minimalloc"], ["instance", "buffers", "greedy_by_size", "fxopt", "method", "seconds"]))
+        print(table(results["minimalloc"], ["instance", "buffers", "greedy_by_size", "fxopt", "method", "search_nodes",
+                                             "seconds"]))
 
 
 if __name__ == "__main__":
