@@ -426,7 +426,7 @@ def _search(s, n_sections):
     back to its parent (``_ENTER`` when a frame is new).
     """
     n = s.sizes.shape[0]
-    frames = 2 * n + 2
+    frames = 2 * n + 4  # per placement at most a split and a node, plus the root's two
     kind = np.zeros(frames, np.int64)
     part_at = np.zeros(frames, np.int64)  # the frame's part: parts[part_at:part_at + part_len]
     part_len = np.zeros(frames, np.int64)
