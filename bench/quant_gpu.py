@@ -37,11 +37,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402
 from fxopt.graph_utils import fetch_attr  # noqa: E402
-from fxopt.quant import triton_kernels  # noqa: E402
 
 MS = [1, 2, 4, 8, 16, 17, 32, 64, 256, 1024, 4096]
+LLAMA_MS = list(MS)  # --ms
 ROUTE_MIN_TOKENS = 17  # torch._int_mm needs M > 16
 D, HIDDEN, BLOCKS = 4096, 11008, 8
 
@@ -168,9 +169,16 @@ def llama(out: dict, log) -> None:
     gm = fx.symbolic_trace(model)
     t0 = time.time()
     wo = fq.quantize_model(gm, (x1,), "int8_weight_only")
-    dyn = fq.quantize_model(gm, (x1,), "int8_dynamic")
-    # the shipped route per shape: weight-only up to 16 rows, int8 dynamic above
-    route = fq.quantize_model(gm, (x1,), "int8_weight_only", dynamic_min_tokens=ROUTE_MIN_TOKENS)
+    # gate and up read the same input: one op on their concatenated weights
+    merged = fxopt.optimize(wo, ["merge_sibling_linears"], example_inputs=(x1,))
+    # and silu(gate) * up computed inside that op's kernel
+    swiglu = fxopt.optimize(wo, ["merge_sibling_linears", "fuse_swiglu"], example_inputs=(x1,))
+    # int8 dynamic and the route per shape (weight-only up to 16 rows, int8 dynamic above)
+    # differ from weight-only only where some M reaches ROUTE_MIN_TOKENS
+    dynamic = max(LLAMA_MS) >= ROUTE_MIN_TOKENS
+    if dynamic:
+        dyn = fq.quantize_model(gm, (x1,), "int8_dynamic")
+        route = fq.quantize_model(gm, (x1,), "int8_weight_only", dynamic_min_tokens=ROUTE_MIN_TOKENS)
     summary = fq.summary_of(wo)
     log(f"quantized in {time.time() - t0:.1f}s; coverage {summary.coverage:.3f}, skipped {summary.skipped}")
     out["llama_coverage"] = summary.coverage
@@ -186,21 +194,29 @@ def llama(out: dict, log) -> None:
             y_wo = wo(xs[:m])
             checks[f"wo_vs_dequant_M{m}"] = fq.sqnr(deq[:m], y_wo)
             checks[f"wo_vs_float_M{m}"] = fq.sqnr(ref_float[:m], y_wo)
-            checks[f"dyn_vs_float_M{m}"] = fq.sqnr(ref_float[:m], dyn(xs[:m]))
+            checks[f"merged_vs_wo_M{m}"] = fq.sqnr(y_wo, merged(xs[:m]))
+            checks[f"swiglu_vs_wo_M{m}"] = fq.sqnr(y_wo, swiglu(xs[:m]))
+            if dynamic:
+                checks[f"dyn_vs_float_M{m}"] = fq.sqnr(ref_float[:m], dyn(xs[:m]))
         layer = fq.accuracy_report(gm, wo, (xs,))
         checks["wo_min_layer_sqnr"] = layer.min_layer_sqnr
-        checks["dyn_min_layer_sqnr"] = fq.accuracy_report(gm, dyn, (xs,)).min_layer_sqnr
+        if dynamic:
+            checks["dyn_min_layer_sqnr"] = fq.accuracy_report(gm, dyn, (xs,)).min_layer_sqnr
     out["llama_checks"] = checks
     log("checks (SQNR dB): " + ", ".join(f"{k}={v:.1f}" for k, v in checks.items()))
     # end to end through 24 random layers the errors add up (reported, not asserted); the
     # kernels must match the dequantized reference and each layer must meet the targets
     assert all(checks[f"wo_vs_dequant_M{m}"] >= 35 for m in (1, 5, 17, 64)), checks
-    assert checks["wo_min_layer_sqnr"] >= 38 and checks["dyn_min_layer_sqnr"] >= 30, checks
+    assert all(checks[f"{v}_vs_wo_M{m}"] >= 35 for m in (1, 5, 17, 64) for v in ("merged", "swiglu")), checks
+    assert checks["wo_min_layer_sqnr"] >= 40 and checks.get("dyn_min_layer_sqnr", 30) >= 30, checks
 
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.config.cache_size_limit = 64
-    variants = {"bf16": compile_(gm), "fxopt_wo": compile_(wo), "fxopt_route": compile_(route)}
+    variants = {"bf16": compile_(gm), "fxopt_wo": compile_(wo), "fxopt_wo_merged": compile_(merged),
+                "fxopt_wo_swiglu": compile_(swiglu)}
+    if dynamic:
+        variants["fxopt_route"] = compile_(route)
     if INT4:
         int4 = fq.quantize_model(gm, (x1,), "int4_weight_only", group_size=128)
         with torch.no_grad():
@@ -208,16 +224,21 @@ def llama(out: dict, log) -> None:
         log(f"int4 min layer SQNR {checks['int4_min_layer_sqnr']:.1f} dB")
         variants["fxopt_int4"] = compile_(int4)
     with torch.no_grad():
-        _, codes = run_and_get_code(variants["fxopt_wo"], x1)
-        code = "\n".join(codes)
-        with open(os.path.join(OUT, "llama_wo_inductor_M1.py"), "w") as f:
-            f.write(code)
-        weight_sized = re.findall(r"empty_strided_cuda\(\((?:11008, 4096|4096, 11008)\)", code)
-        calls = code.count("fxopt_quant.int8_weight_only_linear")
-        out["inductor_code_check"] = {"weight_sized_buffers": len(weight_sized), "op_calls": calls}
-        log(f"Inductor code at M=1: {calls} fused int8 weight-only calls, "
-            f"{len(weight_sized)} weight-sized buffers written")
-        assert not weight_sized and calls >= 3 * BLOCKS
+        for name, ops_per_block in (("fxopt_wo", 3), ("fxopt_wo_merged", 2), ("fxopt_wo_swiglu", 2)):
+            _, codes = run_and_get_code(variants[name], x1)
+            code = "\n".join(codes)
+            with open(os.path.join(OUT, f"llama_{name}_inductor_M1.py"), "w") as f:
+                f.write(code)
+            weight_sized = re.findall(r"empty_strided_cuda\(\((?:11008, 4096|4096, 11008|22016, 4096)\)", code)
+            calls = len(re.findall(r"fxopt_quant\.int8_weight_only_(?:linear|swiglu)\.default\(", code))
+            launches = len(re.findall(r"\.run\(", code))
+            out[f"inductor_code_check_{name}"] = {"weight_sized_buffers": len(weight_sized),
+                                                  "op_calls": calls, "inductor_launches": launches}
+            log(f"Inductor code of {name} at M=1: {calls} fused int8 weight-only calls, "
+                f"{launches} Inductor kernel launches, {len(weight_sized)} weight-sized buffers written")
+            assert not weight_sized and calls >= ops_per_block * BLOCKS
+        for name in ("bf16", "fxopt_wo_swiglu"):
+            profile_kernels(variants[name], x1, f"llama_{name}_M1", log)
 
         naive = MLPStack().to("cuda", torch.bfloat16)
         naive.load_state_dict(model.state_dict())
@@ -231,34 +252,33 @@ def llama(out: dict, log) -> None:
         for name in ("bf16", "fxopt_wo"):
             m1[f"{name}_no_cudagraph"] = bench(lambda f=variants[name]: f(x1), graph=False)
         out["llama_M1_extra"] = m1
-        for m in MS:
+        for m in LLAMA_MS:
             x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
             t = {name: bench(lambda f=f, x=x: f(x), graph=True) for name, f in variants.items()}
-            if m <= 16:
-                for kernel in ("gemv", "gemm"):
-                    t[f"kernels_{kernel}"] = sum(bench(lambda k=kernel, w=w, xx=xx: triton_kernels.int8_weight_only_linear(
-                        xx, w.w, w.s, None, kernel=k), graph=True) * n
-                        for xx, w, n in _layer_shapes(wo, m))
             rows.append({"M": m, **t})
             log(f"M={m:5d} " + " ".join(f"{k}={v:.4f}" for k, v in t.items()))
         out["llama_rows"] = rows
     log("M=1 extras (ms): " + ", ".join(f"{k}={v:.4f}" for k, v in m1.items()))
 
 
-class _W:
-    def __init__(self, w, s):
-        self.w, self.s = w, s
+def profile_kernels(fn, x, tag: str, log) -> None:
+    """Per-kernel CUDA times of one call (torch.profiler), to $OUT and the log."""
+    from torch.profiler import ProfilerActivity, profile
 
-
-def _layer_shapes(qgm, m):
-    """One (input, weight, count) per distinct linear shape of the stack (gate/up, down)."""
-    w_gate = _W(qgm.blocks_0_gate_weight_int8, qgm.blocks_0_gate_weight_scale)
-    w_down = _W(qgm.blocks_0_down_weight_int8, qgm.blocks_0_down_weight_scale)
-    return [(torch.randn(m, D, device="cuda", dtype=torch.bfloat16), w_gate, 2 * BLOCKS),
-            (torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16), w_down, BLOCKS)]
+    fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70)
+    with open(os.path.join(OUT, f"{tag}_profile.txt"), "w") as f:
+        f.write(table)
+    log(f"profile {tag}:\n{table}")
 
 
 def vit(out: dict, log) -> None:
+    from torch._inductor.utils import run_and_get_code
+
     torch.manual_seed(0)
     model = ViTB16().to("cuda", torch.bfloat16).eval()
     img = torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
@@ -276,23 +296,96 @@ def vit(out: dict, log) -> None:
         for tag, opts in tags:
             bf16_c = torch.compile(gm, fullgraph=True, options={"freezing": True, **opts})
             dyn_c = torch.compile(dyn, fullgraph=True, options={"freezing": True, **opts})
-            sqnrs[tag] = fq.sqnr(bf16_c(img), dyn_c(img))
+            y_dyn, codes = run_and_get_code(dyn_c, img)
+            with open(os.path.join(OUT, f"vit_int8_dynamic_{tag}_code.py"), "w") as fh:
+                fh.write("\n".join(codes))
+            sqnrs[tag] = fq.sqnr(bf16_c(img), y_dyn)
             times[f"bf16_{tag}_ms"] = bench(lambda f=bf16_c: f(img), graph=True)
             times[f"int8_dynamic_{tag}_ms"] = bench(lambda f=dyn_c: f(img), graph=True)
             log(f"ViT {tag}: {times}")
             if tag == "default":
                 from torch.profiler import ProfilerActivity, profile
 
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    dyn_c(img)
-                    torch.cuda.synchronize()
-                log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+                for name, f in (("bf16", bf16_c), ("int8_dynamic", dyn_c)):
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        f(img)
+                        torch.cuda.synchronize()
+                    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
+                                                      max_name_column_width=90)
+                    with open(os.path.join(OUT, f"vit_profile_{name}.txt"), "w") as fh:
+                        fh.write(table)
+                    log("\n".join(table.splitlines()[:14]))
     best_bf16 = min(v for k, v in times.items() if k.startswith("bf16"))
     best_int8 = min(v for k, v in times.items() if k.startswith("int8"))
     out["vit"] = {"coverage": fq.summary_of(dyn).coverage, "e2e_sqnr": e2e.sqnr, "top1": e2e.top1,
                   "min_layer_sqnr": report.min_layer_sqnr, "compiled_sqnr": sqnrs,
                   "bf16_vs_fp32_sqnr": bf16_vs_fp32, **times, "speedup": best_bf16 / best_int8}
     log("ViT: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in out["vit"].items()))
+
+
+LLAMA_LAYERS = [(11008, 4096, 2 * BLOCKS), (4096, 11008, BLOCKS)]  # (N, K, count): gate+up, down
+VIT_LAYERS = [(2304, 768, 12), (768, 768, 12), (3072, 768, 12), (768, 3072, 12)]  # qkv, proj, fc1, fc2
+
+
+def int8mm(out: dict, log) -> None:
+    """The int8 GEMM of the dynamic route per layer shape, against ``torch._int_mm``
+    (cuBLASLt, int32 out, no epilogue) and the bf16 ``F.linear``; times summed over the
+    layers of the Llama stack / the ViT. Checked against the exact product first."""
+    from functools import partial
+
+    from fxopt.quant import int8_mm
+
+    rows = []
+    shapes = [("llama", m, LLAMA_LAYERS) for m in DYN_MS] + [("vit", 32 * 197, VIT_LAYERS)]
+    for model, m, layers in shapes:
+        t = {"triton": 0.0, "int_mm": 0.0, "bf16": 0.0}
+        worst = 0.0
+        for n, k, count in layers:
+            xq = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+            w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
+            xs = torch.rand(m, 1, device="cuda") / 1000
+            ws = torch.rand(n, device="cuda") / 1000
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            y = int8_mm.int8_scaled_mm(xq, w, xs, ws, b, torch.bfloat16)
+            ref = (torch._int_mm(xq, w.t()).double() * xs.double() * ws.double() + b.double())
+            worst = max(worst, ((y.double() - ref).norm() / ref.norm()).item())
+            xb, wb = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), w.to(torch.bfloat16)
+            t["triton"] += count * bench(partial(int8_mm.int8_scaled_mm, xq, w, xs, ws, b, torch.bfloat16),
+                                         graph=True)
+            if m > 16:
+                t["int_mm"] += count * bench(partial(torch._int_mm, xq, w.t()), graph=True)
+            t["bf16"] += count * bench(partial(F.linear, xb, wb), graph=True)
+        assert worst < 8e-3, (model, m, worst)  # bf16 output rounding only
+        rows.append({"model": model, "M": m, **t, "rel_err": worst})
+        log(f"int8mm {model} M={m}: " + " ".join(f"{k}={v:.4f}" for k, v in t.items()) + f" rel_err={worst:.1e}")
+    out["int8mm_rows"] = rows
+
+
+def llama_dynamic(out: dict, log) -> None:
+    """The shipped route per shape (weight-only up to 16 rows, int8 dynamic above) against
+    truly frozen bf16, for the M >= 17 shapes (DYN_MS)."""
+    torch.manual_seed(0)
+    model = MLPStack().to("cuda", torch.bfloat16).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.02)
+    gm = fx.symbolic_trace(model)
+    x1 = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
+    route = fq.quantize_model(gm, (x1,), "int8_weight_only", dynamic_min_tokens=ROUTE_MIN_TOKENS)
+    ref_model = MLPStack().to("cuda").eval()  # an fp32 copy: the compiled models stay untouched
+    ref_model.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    torch._dynamo.config.cache_size_limit = 64
+    variants = {"bf16": compile_(gm), "fxopt_route": compile_(route)}
+    rows = []
+    with torch.no_grad():
+        for m in DYN_MS:
+            x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+            ref = ref_model(x.float())
+            y = {name: f(x) for name, f in variants.items()}
+            t = {name: bench(lambda f=f, x=x: f(x), graph=True) for name, f in variants.items()}
+            rows.append({"M": m, **t, "sqnr_route_vs_fp32": fq.sqnr(ref, y["fxopt_route"]),
+                         "sqnr_bf16_vs_fp32": fq.sqnr(ref, y["bf16"])})
+            log(f"llama_dyn M={m:5d} " + " ".join(f"{k}={v:.4f}" for k, v in rows[-1].items() if k != "M"))
+    out["llama_dyn_rows"] = rows
 
 
 def fullgraph_dtypes(out: dict, log) -> None:
@@ -323,10 +416,15 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/quant_bench"))
     parser.add_argument("--only", default="llama,fullgraph,vit")
     parser.add_argument("--int4", action="store_true", help="also time int4 weight-only (group 128)")
+    parser.add_argument("--ms", default=",".join(map(str, MS)), help="M values of the llama part")
     parser.add_argument("--vit-max-autotune", action="store_true",
                         help="also compile the ViT with max_autotune_gemm (several minutes)")
+    parser.add_argument("--dyn-ms", default="17,32,64,256,1024,4096",
+                        help="M values of the llama_dyn and int8mm parts")
     args = parser.parse_args()
     OUT, INT4 = args.out, args.int4
+    LLAMA_MS[:] = [int(m) for m in args.ms.split(",")]
+    DYN_MS[:] = [int(m) for m in args.dyn_ms.split(",")]
     VIT_MAX_AUTOTUNE = args.vit_max_autotune
     os.makedirs(OUT, exist_ok=True)
     # Dynamo decides at trace time whether parameters become frozen constants, from the
@@ -343,7 +441,8 @@ def main() -> None:
     for part in args.only.split(","):
         start = time.time()
         try:
-            {"llama": llama, "vit": vit, "fullgraph": fullgraph_dtypes}[part](out, log)
+            {"llama": llama, "vit": vit, "fullgraph": fullgraph_dtypes, "int8mm": int8mm,
+             "llama_dyn": llama_dynamic}[part](out, log)
         except Exception as exc:  # keep the other parts' numbers
             log(f"{part} FAILED: {type(exc).__name__}: {exc}")
             out[f"{part}_error"] = repr(exc)
@@ -351,17 +450,25 @@ def main() -> None:
         with open(os.path.join(OUT, "quant_gpu.json"), "w") as f:
             json.dump(out, f, indent=1, default=str)
     if "llama_rows" in out:
-        print("\n| M | bf16 ms | fxopt weight-only ms | fxopt route ms | route / bf16 |")
-        print("|---|---|---|---|---|")
+        print("\n| M | bf16 frozen ms | fxopt weight-only ms | + merged gate/up ms | + fused SwiGLU ms | "
+              "SwiGLU / bf16 |")
+        print("|---|---|---|---|---|---|")
         for r in out["llama_rows"]:
-            print(f"| {r['M']} | {r['bf16']:.4f} | {r['fxopt_wo']:.4f} | {r['fxopt_route']:.4f} | "
-                  f"{r['bf16'] / r['fxopt_route']:.2f}x |")
+            print(f"| {r['M']} | {r['bf16']:.4f} | {r['fxopt_wo']:.4f} | {r['fxopt_wo_merged']:.4f} | "
+                  f"{r['fxopt_wo_swiglu']:.4f} | {r['bf16'] / r['fxopt_wo_swiglu']:.3f}x |")
+    if "llama_dyn_rows" in out:
+        print("\n| M | bf16 frozen ms | fxopt route ms | route / bf16 | SQNR route vs fp32 dB |")
+        print("|---|---|---|---|---|")
+        for r in out["llama_dyn_rows"]:
+            print(f"| {r['M']} | {r['bf16']:.4f} | {r['fxopt_route']:.4f} | {r['bf16'] / r['fxopt_route']:.3f}x | "
+                  f"{r['sqnr_route_vs_fp32']:.1f} |")
     print(math.nan if "vit" not in out else f"ViT speedup {out['vit']['speedup']:.3f}x")
 
 
 OUT = ""
 VIT_MAX_AUTOTUNE = False
 INT4 = False
+DYN_MS: list[int] = []
 
 if __name__ == "__main__":
     main()

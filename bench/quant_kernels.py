@@ -4,12 +4,12 @@ Run on a CUDA machine::
 
     python bench/quant_kernels.py --out /tmp/quant_kernels --ms 1,2,4,8,16
 
-For each shape (gate or up: N=11008, K=4096; gate and up merged: N=22016, K=4096; down:
-N=4096, K=11008) and each M: the kernel and configuration that ``tuned_config`` picks,
+For each shape (gate or up: N=11008, K=4096; gate and up merged: N=22016, K=4096; the
+same weight computing silu(gate) * up in the kernel; down: N=4096, K=11008) and each M: the kernel and configuration that ``tuned_config`` picks,
 its time and achieved bandwidth (weight bytes / time; the H100's copy bandwidth is about
 3 TB/s), the same configuration with Triton's plain int8 cast instead of the magic-number
 conversion, the best configuration of the other kernel, and ``F.linear`` on a bf16
-weight. Each time is a CUDA-graph replay of 8 calls on 8 different weights (so no call
+weight (for "swiglu": the plain merged product). Each time is a CUDA-graph replay of 8 calls on 8 different weights (so no call
 finds its weight in L2), divided by 8. Every kernel is checked against a dequantized
 fp32 reference first.
 """
@@ -32,16 +32,18 @@ import fxopt.quant as fq  # noqa: E402
 from bench.quant_gpu import HIDDEN, D, bench  # noqa: E402
 from fxopt.quant import triton_kernels as tk  # noqa: E402
 
-#: the Llama stack's linear shapes (N, K, name)
-SHAPES = [(HIDDEN, D, "gate|up"), (2 * HIDDEN, D, "gate+up merged"), (D, HIDDEN, "down")]
+#: the Llama stack's linear shapes (weight rows, K, name, gated): "swiglu" is the merged
+#: gate and up weight computing silu(gate) * up (output N = HIDDEN)
+SHAPES = [(HIDDEN, D, "gate|up", False), (2 * HIDDEN, D, "gate+up merged", False),
+          (2 * HIDDEN, D, "swiglu", True), (D, HIDDEN, "down", False)]
 ROTATE = 8
 
 
-def shape_rows(n: int, k: int, name: str, ms: list[int], log) -> list[dict]:
+def shape_rows(n: int, k: int, name: str, gated: bool, ms: list[int], log) -> list[dict]:
     w8 = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(ROTATE)]
     s = torch.rand(n, device="cuda") / 1000
     w16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(ROTATE)]
-    rows = [m_row(name, m, w8, s, w16) for m in ms]
+    rows = [m_row(name, m, w8, s, w16, gated) for m in ms]
     for row in rows:
         log(f"{name:15s} M={row['M']:2d} {row['kind']} {row['config']}: int8 {row['int8_us']:.1f} us "
             f"({row['int8_TBps']:.2f} TB/s; plain cast {row['int8_plain_cvt_us']:.1f} us), "
@@ -51,8 +53,9 @@ def shape_rows(n: int, k: int, name: str, ms: list[int], log) -> list[dict]:
     return rows
 
 
-def m_row(name: str, m: int, w8: list, s: torch.Tensor, w16: list) -> dict:
-    n, k = w8[0].shape
+def m_row(name: str, m: int, w8: list, s: torch.Tensor, w16: list, gated: bool) -> dict:
+    rows, k = w8[0].shape
+    n = rows // 2 if gated else rows
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
@@ -61,23 +64,26 @@ def m_row(name: str, m: int, w8: list, s: torch.Tensor, w16: list) -> dict:
         return 1e3 * bench(lambda: [launch(i) for i in range(ROTATE)], graph=True) / ROTATE
 
     def int8_us(kind: str, config: tk.Config) -> float:
-        return per_call(lambda i: tk.run_int8(kind, config, x, w8[i], s, None, y))
+        return per_call(lambda i: tk.run_int8(kind, config, x, w8[i], s, None, y, gated))
 
     ref = F.linear(x.float(), w8[0].float() * s[:, None])
-    kind, config = tk.tuned_config(x, w8[0], s, None, y)
-    quality = fq.sqnr(ref, tk.int8_weight_only_linear(x, w8[0], s, None))
+    if gated:
+        ref = F.silu(ref[:, :n]) * ref[:, n:]
+    kind, config = tk.tuned_config(x, w8[0], s, None, y, gated=gated)
+    op = tk.int8_weight_only_swiglu if gated else tk.int8_weight_only_linear
+    quality = fq.sqnr(ref, op(x, w8[0], s, None))
     assert quality >= 35, (name, m, quality)
-    row = {"shape": name, "N": n, "K": k, "M": m, "kind": kind, "config": str(config),
+    row = {"shape": name, "N": rows, "K": k, "M": m, "kind": kind, "config": str(config),
            "sqnr_vs_dequant": quality, "bf16_us": per_call(lambda i: F.linear(x, w16[i])),
            "int8_us": int8_us(kind, config),
            "int8_plain_cvt_us": int8_us(kind, dataclasses.replace(config, fast_cvt=0))}
-    times = tk.TUNING_TIMES.get((triton.next_power_of_2(m), n, k, x.dtype, False, None), {})
+    times = tk.TUNING_TIMES.get((triton.next_power_of_2(m), rows, k, x.dtype, False, None, gated), {})
     for other in {kd for kd, _ in times} - {kind}:
         best = min((c for kd, c in times if kd == other), key=lambda c: times[(other, c)])
         row[f"best_{other}"] = str(best)
         row[f"best_{other}_us"] = int8_us(other, best)
-    row["int8_TBps"] = n * k / row["int8_us"] / 1e6
-    row["bf16_TBps"] = 2 * n * k / row["bf16_us"] / 1e6
+    row["int8_TBps"] = rows * k / row["int8_us"] / 1e6
+    row["bf16_TBps"] = 2 * rows * k / row["bf16_us"] / 1e6
     row["tuning_top8"] = sorted((round(t * 1e3, 1), kd, str(c)) for (kd, c), t in times.items())[:8]
     return row
 
@@ -95,8 +101,8 @@ def main() -> None:
         print(msg, flush=True)
 
     rows = []
-    for n, k, name in SHAPES:
-        rows += shape_rows(n, k, name, ms, log)
+    for n, k, name, gated in SHAPES:
+        rows += shape_rows(n, k, name, gated, ms, log)
         with open(os.path.join(args.out, "quant_kernels.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "triton": triton.__version__, "rows": rows}, f, indent=1)

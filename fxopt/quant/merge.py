@@ -12,7 +12,8 @@ the programs in flight, and the input is read once::
                                                           u = y.narrow(-1, N_g, N_u)
 
 The outputs become views of the merged result, which Inductor reads in place (the
-SiLU-gated product that consumes them stays one pointwise kernel). Quantized linears
+SiLU-gated product that consumes them stays one pointwise kernel, or with
+``fuse_swiglu`` moves into the GEMV itself). Quantized linears
 are merged when they are the same op, read the same input node, agree on every other
 argument (``dynamic_min_tokens``, ``group_size``) and have constant weights, scales and
 biases (``get_attr`` nodes: what ``quantize`` emits). Per-channel (and per-group)
@@ -22,11 +23,13 @@ siblings did; a missing bias among biased siblings becomes zeros.
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
@@ -145,3 +148,73 @@ def _drop_unused_constants(gm: fx.GraphModule, targets: set[str]) -> None:
     for name in sorted(targets - still_read):
         if name in own:
             delattr(gm, name)
+
+
+_MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)
+_SILU = (F.silu, torch.ops.aten.silu.default)
+
+
+@register_pass
+class FuseSwiGLU(Pass):
+    """Compute ``silu(gate) * up`` inside a merged int8 weight-only linear: one kernel.
+
+    Matches ``mul(silu(y.narrow(-1, 0, N)), y.narrow(-1, N, N))`` where ``y`` is an
+    ``int8_weight_only_linear`` with 2N output channels read by nothing else (what
+    ``merge_sibling_linears`` makes of Llama's gate and up projections) and replaces it
+    with ``int8_weight_only_swiglu``: no ``[.., 2N]`` intermediate, no pointwise kernel.
+    """
+
+    name = "fuse_swiglu"
+    after = ("merge_sibling_linears",)
+    inference_only = True
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        fused = 0
+        for node in list(gm.graph.nodes):
+            match = _swiglu_match(gm, node)
+            if match is None:
+                continue
+            linear, dead = match
+            with gm.graph.inserting_before(node):
+                out = gm.graph.call_function(ops.int8_weight_only_swiglu.default, linear.args)
+            if "val" in node.meta:
+                out.meta["val"] = node.meta["val"]
+            record_replacement(out, [node, *dead], self.name)
+            node.replace_all_uses_with(out)
+            for old in (node, *dead):
+                gm.graph.erase_node(old)
+            fused += 1
+        return PassResult(fused > 0, {"fused": fused})
+
+
+def _narrow_of(node: Any) -> tuple[fx.Node, int, int] | None:
+    """(source, start, length) of ``torch.narrow(source, -1, start, length)``, else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is torch.narrow):
+        return None
+    source, dim, start, length = node.args
+    val = source.meta.get("val")
+    last = dim == -1 or (isinstance(val, torch.Tensor) and dim == val.dim() - 1)
+    return (source, start, length) if last and isinstance(start, int) and isinstance(length, int) else None
+
+
+def _swiglu_match(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, list[fx.Node]] | None:
+    """For ``mul(silu(gate half), up half)`` of one weight-only linear: (the linear, the
+    nodes the fused op makes dead, users first), else None."""
+    if node.op != "call_function" or node.target not in _MUL or len(node.args) != 2 or node.kwargs:
+        return None
+    for act, up in (node.args, node.args[::-1]):
+        if not (isinstance(act, fx.Node) and act.op == "call_function" and act.target in _SILU
+                and not act.kwargs.get("inplace", False) and len(act.users) == 1):
+            continue
+        gate, up_part = _narrow_of(act.args[0]), _narrow_of(up)
+        if gate is None or up_part is None or gate[0] is not up_part[0]:
+            continue
+        linear, n = gate[0], gate[2]
+        if not (linear.op == "call_function" and linear.target is ops.int8_weight_only_linear.default
+                and gate[1] == 0 and up_part[1:] == (n, n) and len(linear.users) == 2
+                and len(act.args[0].users) == 1 and len(up.users) == 1 and act.args[0] is not up):
+            continue
+        w = linear.args[1]
+        if isinstance(w, fx.Node) and w.op == "get_attr" and fetch_attr(gm, w.target).shape[0] == 2 * n:
+            return linear, [act, act.args[0], up, linear]
+    return None

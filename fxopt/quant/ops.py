@@ -194,6 +194,25 @@ def _weight_only_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None
     return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
+def int8_weight_only_swiglu_reference(x: Tensor, w: Tensor, w_scale: Tensor,
+                                      bias: Tensor | None) -> Tensor:
+    """The definition of the gated op: ``silu(gate) * up``, where ``[gate, up]`` is the
+    weight-only linear of ``x`` with the ``[2N, K]`` weight ``w`` (the gate's rows first).
+    On CUDA one kernel computes it (fxopt.quant.merge emits it for Llama's MLP)."""
+    gate, up = int8_weight_only_linear_reference(x, w, w_scale, bias).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _swiglu_cuda(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    from fxopt.quant import triton_kernels
+
+    return triton_kernels.int8_weight_only_swiglu(x, w, w_scale, bias)
+
+
+def _swiglu_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0] // 2))
+
+
 def int8_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
                 dynamic_min_tokens: int) -> Tensor:
     """The route per shape: weight-only below ``dynamic_min_tokens`` rows of ``x`` (memory
@@ -225,6 +244,10 @@ _LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor?
 _LIB.impl("int8_weight_only_linear", int8_weight_only_linear_reference, "CPU")
 _LIB.impl("int8_weight_only_linear", _weight_only_cuda, "CUDA")
 torch.library.register_fake("fxopt_quant::int8_weight_only_linear")(_weight_only_fake)
+_LIB.define("int8_weight_only_swiglu(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")
+_LIB.impl("int8_weight_only_swiglu", int8_weight_only_swiglu_reference, "CPU")
+_LIB.impl("int8_weight_only_swiglu", _swiglu_cuda, "CUDA")
+torch.library.register_fake("fxopt_quant::int8_weight_only_swiglu")(_swiglu_fake)
 _LIB.define("int4_weight_only_linear(Tensor x, Tensor w, Tensor scales, int group_size, "
             "Tensor? bias) -> Tensor")
 _LIB.impl("int4_weight_only_linear", int4_weight_only_linear_reference, "CPU")

@@ -37,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 #: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
-#: the tensor-core tile's do not)
-GEMV_MAX_M = 8
+#: the tensor-core tile's do not; at M = 4 it was 1.7x slower on an H100)
+GEMV_MAX_M = 2
 #: the same for the int4 kernels, which are picked by M alone (no tuning between them)
 INT4_GEMV_MAX_M = 2
 
@@ -61,25 +61,32 @@ class Config:
     fast_cvt: int = 1
 
 
-_GEMV_TILES = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4),
-               (16, 1024, 8), (32, 512, 8), (4, 256, 4), (8, 256, 4), (4, 512, 4), (16, 128, 4),
-               (8, 128, 4)]
-_GEMM_SMALL_M = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (128, 256, 8, 3), (32, 256, 4, 4)]
+#: (BLOCK_N, BLOCK_K, warps, stages) of the GEMV and of the GEMM at M <= 16 and above
+_GEMV_TILES = [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 256, 4, 1), (32, 256, 4, 1), (8, 512, 4, 1),
+               (4, 1024, 4, 1), (16, 1024, 8, 1), (8, 1024, 4, 3), (16, 512, 4, 3), (8, 512, 4, 3),
+               (4, 512, 4, 1), (8, 256, 4, 1)]
+_GEMM_SMALL_M = [(32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 256, 8, 3), (32, 512, 4, 3),
+                 (32, 256, 4, 6), (64, 128, 4, 6), (16, 512, 4, 4)]
 _GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
                  (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
 
 
-def candidates(m: int, kind: str | None = None) -> list[tuple[str, Config]]:
-    """The (kernel, configuration) pairs tried at ``m`` rows, optionally of one kernel only."""
+def candidates(m: int, kind: str | None = None, gated: bool = False) -> list[tuple[str, Config]]:
+    """The (kernel, configuration) pairs tried at ``m`` rows, optionally of one kernel only.
+
+    ``gated`` (the SwiGLU form, two weight tiles per program) takes no K split.
+    """
+    splits = (1,) if gated else (1, 2)
+    tiles = 2 if gated else 1
     found = []
     if kind in (None, "gemv") and (m <= GEMV_MAX_M or kind == "gemv"):
         rows = triton.next_power_of_2(m)
-        # the fp32 partial sums of the tile live in registers: keep them to 64 per thread
-        found += [("gemv", Config(bn, bk, w, 1, split)) for split in (1, 2, 4)
-                  for bn, bk, w in _GEMV_TILES if rows * bn * bk <= 64 * 32 * w]
+        # the fp32 partial sums of the tiles live in registers: keep them to 64 per thread
+        found += [("gemv", Config(bn, bk, w, st, split)) for split in splits
+                  for bn, bk, w, st in _GEMV_TILES if tiles * rows * bn * bk <= 64 * 32 * w]
     if kind in (None, "gemm"):
         if m <= 16:
-            found += [("gemm", Config(bn, bk, w, st, split)) for split in (1, 2, 4)
+            found += [("gemm", Config(bn, bk, w, st, split, 16, cvt)) for split in splits for cvt in (1, 0)
                       for bn, bk, w, st in _GEMM_SMALL_M]
         else:
             found += [("gemm", Config(bn, bk, w, st, 1, bm)) for bn, bm, bk, w, st in _GEMM_LARGE_M]
@@ -97,16 +104,42 @@ def _int8_to_f32(w, FAST_CVT: tl.constexpr):
 
 
 @triton.jit
-def _finish(acc, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
-            HAS_BIAS: tl.constexpr, SPLIT_K):
+def _to_operand(w, dtype: tl.constexpr, FAST_CVT: tl.constexpr):
+    """An int8 weight tile as a tensor-core operand of ``dtype``, exactly."""
+    if FAST_CVT:
+        wf = _int8_to_f32(w, FAST_CVT)
+        if dtype == tl.bfloat16:
+            # an integer of at most 8 significant bits: its bf16 is the fp32's upper half
+            return (wf.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return wf.to(dtype)
+    return w.to(dtype)
+
+
+@triton.jit
+def _scaled(acc, rn, s_ptr, b_ptr, N, HAS_BIAS: tl.constexpr):
+    """``acc * scale[rn] + bias[rn]`` in fp32 (``rn`` broadcast to ``acc``'s shape)."""
+    acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _finish(acc, acc_up, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+            HAS_BIAS: tl.constexpr, SPLIT_K, GATED: tl.constexpr):
     """Scale, bias and store ``acc`` (row ``rm``, channel ``rn`` per element, broadcast to
-    its shape), or store it unscaled as partial sum ``pid_k`` when K is split."""
+    its shape), or store it unscaled as partial sum ``pid_k`` when K is split. GATED:
+    ``acc`` is the gate and ``acc_up`` the up projection of channels ``rn`` (whose weight
+    rows are ``rn + N``): store ``silu(gate) * up``."""
     mask = (rm < M) & (rn < N)
-    if SPLIT_K == 1:
-        acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rm * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if GATED:
+        gate = _scaled(acc, rn, s_ptr, b_ptr, N * 2, HAS_BIAS)
+        up = _scaled(acc_up, rn + N, s_ptr, b_ptr, N * 2, HAS_BIAS)
+        out = gate * tl.sigmoid(gate) * up
+        tl.store(y_ptr + rm * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=mask)
+    elif SPLIT_K == 1:
+        out = _scaled(acc, rn, s_ptr, b_ptr, N, HAS_BIAS)
+        tl.store(y_ptr + rm * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(p_ptr + (pid_k * M + rm) * N + rn, acc, mask=mask)
 
@@ -114,7 +147,7 @@ def _finish(acc, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
 @triton.jit
 def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, SPLIT_K, FAST_CVT: tl.constexpr):
+          BLOCK_K: tl.constexpr, SPLIT_K, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
     pid_k = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -123,24 +156,28 @@ def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     # the K slices of the splits are whole blocks, so only K's own end needs a mask
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K) if GATED else (1, 1, 1), dtype=tl.float32)
     for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0)
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         # the scale is applied once, after the K reduction
-        acc += x.to(tl.float32)[:, None, :] * _int8_to_f32(w, FAST_CVT)[None, :, :]
-    _finish(tl.sum(acc, axis=2), rm[:, None], rn[None, :], pid_k, s_ptr, b_ptr, y_ptr, p_ptr,
-            M, N, stride_ym, HAS_BIAS, SPLIT_K)
+        acc += x[:, None, :] * _int8_to_f32(w, FAST_CVT)[None, :, :]
+        if GATED:
+            w_up = tl.load(w_ptrs + N * stride_wn, mask=n_mask[:, None] & k_mask[None, :], other=0)
+            acc_up += x[:, None, :] * _int8_to_f32(w_up, FAST_CVT)[None, :, :]
+    _finish(tl.sum(acc, axis=2), tl.sum(acc_up, axis=2), rm[:, None], rn[None, :], pid_k, s_ptr, b_ptr,
+            y_ptr, p_ptr, M, N, stride_ym, HAS_BIAS, SPLIT_K, GATED)
 
 
 @triton.jit
 def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
-          SPLIT_K, FAST_CVT: tl.constexpr):
+          SPLIT_K, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -156,24 +193,20 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     rk = tl.arange(0, BLOCK_K)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BLOCK_K):
         k_mask = (k0 + rk) < K
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :],
-                    mask=(rn[:, None] < N) & k_mask[None, :], other=0)
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
+        w_mask = (rn[:, None] < N) & k_mask[None, :]
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
                      mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
-        if FAST_CVT:
-            wf = _int8_to_f32(w, FAST_CVT)
-            if xt.dtype == tl.bfloat16:
-                # an integer of at most 8 significant bits: its bf16 is the fp32's upper half
-                wt = (wf.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            else:
-                wt = wf.to(xt.dtype)
-        else:
-            wt = w.to(xt.dtype)
-        acc = tl.dot(wt, xt, acc, input_precision=PRECISION)
-    _finish(acc, rm[None, :], rn[:, None], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
-            HAS_BIAS, SPLIT_K)
+        w = tl.load(w_ptrs, mask=w_mask, other=0)
+        acc = tl.dot(_to_operand(w, xt.dtype, FAST_CVT), xt, acc, input_precision=PRECISION)
+        if GATED:
+            w_up = tl.load(w_ptrs + N * stride_wn, mask=w_mask, other=0)
+            acc_up = tl.dot(_to_operand(w_up, xt.dtype, FAST_CVT), xt, acc_up, input_precision=PRECISION)
+    _finish(acc, acc_up, rm[None, :], rn[:, None], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+            HAS_BIAS, SPLIT_K, GATED)
 
 
 @triton.jit
@@ -184,23 +217,25 @@ def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIA
     acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
     for s in tl.range(1, SPLIT_K):
         acc += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0)
-    rm = offs // N
-    rn = offs % N
-    _finish(acc, rm, rn, 0, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym, HAS_BIAS, 1)
+    _finish(acc, acc, offs // N, offs % N, 0, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym, HAS_BIAS, 1,
+            False)
 
 
 def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
-             y: Tensor) -> None:
-    """Launch ``kind`` with ``config``: ``y[M, N] = (x2d @ w.T) * scale + bias``."""
+             y: Tensor, gated: bool = False) -> None:
+    """Launch ``kind`` with ``config``: ``y[M, N] = (x2d @ w.T) * scale + bias``, or with
+    ``gated`` (``w``: the gate's N rows, then the up projection's) ``y[M, N] = silu(gate) * up``."""
     m, k = x2d.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
     split = config.split_k
+    if gated and split != 1:
+        raise ValueError("the gated kernels take no K split")
     part = torch.empty((split, m, n), dtype=torch.float32, device=x2d.device) if split > 1 else y
     b = bias if bias is not None else scale  # dummy pointer when HAS_BIAS=False
     args = (x2d, w, scale, b, y, part, m, n, k, x2d.stride(0), w.stride(0), y.stride(0))
     meta = {"HAS_BIAS": bias is not None, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-            "SPLIT_K": split, "FAST_CVT": config.fast_cvt, "num_warps": config.num_warps,
-            "num_stages": config.num_stages}
+            "SPLIT_K": split, "FAST_CVT": config.fast_cvt, "GATED": gated,
+            "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_n = triton.cdiv(n, config.block_n)
     if kind == "gemv":
         _gemv[(grid_n, split)](*args, BLOCK_M=triton.next_power_of_2(m), **meta)
@@ -219,28 +254,35 @@ TUNING_TIMES: dict[tuple, dict[tuple[str, Config], float]] = {}
 
 
 def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: Tensor,
-                 kind: str | None = None) -> tuple[str, Config]:
+                 kind: str | None = None, gated: bool = False) -> tuple[str, Config]:
     """The fastest of :func:`candidates` for this (M bucket, N, K, dtypes, kernel choice),
-    timed on the first call with these operands (``triton.testing.do_bench`` flushes L2
-    between runs, as a stack of layers too large for L2 would). The first call must not
-    be inside a CUDA graph capture. On CPU tensors (Triton's interpreter, in tests) the
-    first candidate, untimed."""
+    timed on the first call with these operands: every candidate briefly, then the four
+    fastest again for longer (``triton.testing.do_bench`` flushes L2 between runs, as a
+    stack of layers too large for L2 would). The first call must not be inside a CUDA
+    graph capture. On CPU tensors (Triton's interpreter, in tests) the first candidate,
+    untimed."""
     m, k = x2d.shape
-    key = (triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None, kind)
+    key = (triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None, kind, gated)
     if key not in _TUNED:
-        found = candidates(m, kind)
+        found = candidates(m, kind, gated)
         if not x2d.is_cuda:
             _TUNED[key] = found[0]
-        else:
-            times = TUNING_TIMES[key] = {}
-            for kind_config in found:
-                try:
-                    times[kind_config] = triton.testing.do_bench(
-                        lambda kc=kind_config: run_int8(*kc, x2d, w, scale, bias, y),
-                        warmup=5, rep=20, return_mode="median")
-                except triton.runtime.errors.OutOfResources:
-                    continue
-            _TUNED[key] = min(times, key=times.get)
+            return found[0]
+
+        def timed(kind_config: tuple[str, Config], rep: int) -> float:
+            return triton.testing.do_bench(lambda: run_int8(*kind_config, x2d, w, scale, bias, y, gated),
+                                           warmup=2, rep=rep, return_mode="median")
+
+        times = TUNING_TIMES[key] = {}
+        for kind_config in found:
+            try:
+                times[kind_config] = timed(kind_config, 10)
+            except triton.runtime.errors.OutOfResources:
+                continue
+        finalists = sorted(times, key=times.get)[:4]
+        for kind_config in finalists:
+            times[kind_config] = timed(kind_config, 100)
+        _TUNED[key] = min(finalists, key=times.get)
     return _TUNED[key]
 
 
@@ -340,8 +382,23 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
     and ``config`` force a kernel and its configuration (benchmarks compare them); by
     default :func:`tuned_config` picks both.
     """
+    return _linear(x, w, w_scale, bias, kernel, config, gated=False)
+
+
+def int8_weight_only_swiglu(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
+                            kernel: str | None = None, config: Config | None = None) -> Tensor:
+    """``silu(gate) * up`` where ``[gate, up]`` is the weight-only linear of ``x`` with the
+    ``[2N, K]`` weight ``w`` (the gate's N rows first): one kernel, no ``[.., 2N]`` output.
+
+    Arguments as :func:`int8_weight_only_linear`; the result is ``[..., N]``.
+    """
+    return _linear(x, w, w_scale, bias, kernel, config, gated=True)
+
+
+def _linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None, kernel: str | None,
+            config: Config | None, gated: bool) -> Tensor:
     lead, k = x.shape[:-1], x.shape[-1]
-    n = w.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
     x2d = x.reshape(-1, k)
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
@@ -353,8 +410,8 @@ def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor 
     scale = w_scale.to(torch.float32).contiguous()
     bias = bias.contiguous() if bias is not None else None
     if config is None:
-        kernel, config = tuned_config(x2d, w, scale, bias, y, kernel)
-    run_int8(kernel or ("gemv" if m <= GEMV_MAX_M else "gemm"), config, x2d, w, scale, bias, y)
+        kernel, config = tuned_config(x2d, w, scale, bias, y, kernel, gated)
+    run_int8(kernel or ("gemv" if m <= GEMV_MAX_M else "gemm"), config, x2d, w, scale, bias, y, gated)
     return y.reshape(*lead, n)
 
 

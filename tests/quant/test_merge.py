@@ -60,7 +60,8 @@ def _buffer_bytes(gm: fx.GraphModule) -> int:
 def test_gated_mlp_merges_gate_and_up(mode, options):
     model = nn.Sequential(GatedMLP(), GatedMLP()).eval()
     x = torch.randn(3, 64)
-    q = fq.quantize_model(model, (x,), mode, **options)
+    # the quantize pass alone: no other pass (e.g. an activation fusion) between it and the merge
+    q = fxopt.optimize(model, [fq.Quantize(mode=mode, **options)], example_inputs=(x,))
     before = {k: v.clone() for k, v in q.state_dict().items()}
     merged = _merge(q, (x,))
     targets = set(MERGEABLE)
@@ -149,3 +150,49 @@ def test_same_arguments_merge_by_hand():
     for m in (2, 6):
         x = torch.randn(m, 16)
         torch.testing.assert_close(merged(x), gm(x), rtol=1e-5, atol=1e-5)
+
+
+def _fuse(gm, example_inputs):
+    return fxopt.optimize(gm, ["merge_sibling_linears", "fuse_swiglu"], example_inputs=example_inputs)
+
+
+def test_swiglu_fuses_into_one_op_per_block():
+    model = nn.Sequential(GatedMLP(), GatedMLP()).eval()
+    x = torch.randn(3, 64)
+    q = fq.quantize_model(model, (x,), "int8_weight_only")
+    fused = _fuse(q, (x,))
+    assert _count(fused, {ops.int8_weight_only_swiglu.default}) == 2
+    assert _count(fused, {ops.int8_weight_only_linear.default}) == 2  # the down projections
+    assert _count(fused, {torch.narrow, F.silu}) == 0
+    assert _buffer_bytes(fused) == _buffer_bytes(q)
+    for m in (1, 4, 9):
+        xs = torch.randn(m, 64)
+        torch.testing.assert_close(fused(xs), q(xs), rtol=1e-5, atol=1e-5)
+
+
+class UpFirst(GatedMLP):
+    """The up projection computed first: the merged weight's first half is not the gate."""
+
+    def forward(self, x):
+        u = self.up(x)
+        return self.down(F.silu(self.gate(x)) * u)
+
+
+class GateReused(GatedMLP):
+    """The gate's output is also read outside the SwiGLU product."""
+
+    def forward(self, x):
+        g = self.gate(x)
+        return self.down(F.silu(g) * self.up(x)) + g.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("cls", [UpFirst, GateReused])
+def test_swiglu_needs_the_exact_pattern(cls):
+    model = cls().eval()
+    x = torch.randn(2, 64)
+    q = fq.quantize_model(model, (x,), "int8_weight_only")
+    fused = _fuse(q, (x,))
+    assert _count(fused, {ops.int8_weight_only_swiglu.default}) == 0
+    assert _count(fused, {torch.narrow}) == 2  # merged, not fused
+    xs = torch.randn(5, 64)
+    torch.testing.assert_close(fused(xs), q(xs), rtol=1e-5, atol=1e-5)

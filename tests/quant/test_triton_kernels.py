@@ -74,6 +74,29 @@ def test_int8_configs_match_dequantized_reference(m, n, k, dtype, bias, kernel, 
     _assert_matches(y, expected, dtype)
 
 
+GATED_CASES = [
+    (1, 40, 320, torch.float32, True, "gemv", None),
+    (2, 24, 256, torch.bfloat16, False, "gemv", Config(8, 64, 4, 1, fast_cvt=0)),
+    (5, 72, 256, torch.float16, True, "gemm", None),
+    (16, 40, 320, torch.float32, False, "gemm", Config(32, 64, 4, 2, fast_cvt=0)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,bias,kernel,config", GATED_CASES)
+def test_int8_swiglu_matches_dequantized_reference(m, n, k, dtype, bias, kernel, config):
+    x, w, s, b, both = _int8_case(m, 2 * n, k, dtype, bias)
+    expected = torch.nn.functional.silu(both[:, :n]) * both[:, n:]
+    y = triton_kernels.int8_weight_only_swiglu(x, w, s, b, kernel=kernel, config=config)
+    assert y.shape == (m, n)
+    _assert_matches(y, expected, dtype)
+
+
+def test_gated_kernels_refuse_a_k_split():
+    x, w, s, _, _ = _int8_case(1, 16, 64, torch.float32, False)
+    with pytest.raises(ValueError, match="no K split"):
+        triton_kernels.int8_weight_only_swiglu(x, w, s, None, kernel="gemv", config=Config(8, 64, 4, 1, split_k=2))
+
+
 def test_int8_fast_conversion_is_exact():
     """One input channel at a time: the GEMV's output is then the converted weight itself."""
     w = torch.arange(-128, 128, dtype=torch.int8).reshape(256, 1).repeat(1, 64)
