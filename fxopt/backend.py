@@ -17,10 +17,10 @@ backend does what Inductor's freezing does one level down: every parameter/buffe
 placeholder that the graph never writes to becomes a ``get_attr`` of a buffer holding
 that same tensor, and the compiled function drops those arguments. Inductor's own
 ``freezing`` is switched on for the same graphs, so the (possibly rewritten) weights end
-up as Inductor constants. After the user's passes, ``channels_last_weights`` stores the
-half-precision CUDA conv weights channels-last, as Inductor's freezing does for the
-convolutions it sees: fxopt's fused conv ops are opaque to Inductor, and with NCHW
-weights cuDNN would transpose around every one of them. Like Inductor's freezing, the compiled graph keeps the weight
+up as Inductor constants. After the user's passes, the layout passes of
+:mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
+cores (channels-last weights, as Inductor's freezing does for the convolutions it sees,
+and RGB stems padded to 8 channels). Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
 Training graphs are never frozen and inference-only passes are skipped on them, with a
 line in the report.
@@ -53,7 +53,7 @@ from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass
-from fxopt.passes.layout import ChannelsLastWeights
+from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
 from fxopt.report import PassRecord, Report
 from fxopt.snapshot import GraphSnapshot
@@ -230,8 +230,8 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             "training graph: parameters stay inputs" if training else "freeze=False")
         hooks = [VerifyEach(work, [example_inputs[i] for i in keep])] if opts.verify else []
         passes = resolve(opts.pipeline("passes") or [])
-        if freeze_record.changed:  # as Inductor's freezing does for the convolutions it sees
-            passes.append(ChannelsLastWeights())
+        if freeze_record.changed:  # constant weights: lay convolutions out for cuDNN's tensor cores
+            passes += [PadConvChannels(), ChannelsLastWeights()]
         report = PassManager(passes, hooks=hooks).run(
             work, training=training, settings={"backend": "fxopt", "level": "torch"})
         report.records.insert(0, freeze_record)

@@ -1,19 +1,27 @@
-"""``channels_last_weights``: constant conv weights stored channels-last for cuDNN.
+"""Layout passes for cuDNN's tensor-core convolutions on constant (frozen) weights.
 
-Why a pass: cuDNN runs half-precision convolutions on tensor cores in NHWC, and picks
-NHWC when the input *or the weight* is channels-last (``cudnn_conv_suggest_memory_format``);
-the output then stays channels-last, so the next convolution gets NHWC for free. Inductor's
-freezing does the same for the ``aten.convolution`` nodes it sees
-(``convert_conv_weights_to_channels_last``), but fxopt's fused conv ops
-(``torch.ops.fxopt.conv_bias_relu`` ...) are external kernels to Inductor, so their weights
-stayed NCHW and every fused convolution paid cuDNN's internal layout transposes. This
-pass stores every constant 4-d conv weight channels-last once, at compile time; the
-backend runs it on frozen CUDA graphs. Values are unchanged bit for bit: only strides move.
+cuDNN runs half-precision convolutions on tensor cores in NHWC, with channel counts that
+are multiples of 8 (16 bytes). Two passes arrange that, once, at compile time; the
+backend runs both on frozen CUDA graphs. Values are unchanged.
+
+- ``channels_last_weights`` stores each constant 4-d conv weight channels-last. cuDNN
+  picks NHWC when the input *or the weight* is channels-last
+  (``cudnn_conv_suggest_memory_format``) and its output stays channels-last, so the next
+  convolution gets NHWC for free. Inductor's freezing does the same for the
+  ``aten.convolution`` nodes it sees (``convert_conv_weights_to_channels_last``), but
+  fxopt's fused conv ops are external kernels to Inductor, so their weights stayed NCHW
+  and every one of them paid cuDNN's layout transposes.
+- ``pad_conv_channels`` zero-pads the input channels of a convolution with fewer than 8
+  of them (the RGB stem of every vision model) to 8, in the weight and in the input. With
+  3 channels cuDNN falls back to a slow non-tensor-core kernel: on an H100 that one stem
+  convolution took 18% of resnet50's GPU time (bench/RESULTS.md). The padded channels
+  multiply zeros by zeros, so the sum is unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
@@ -22,13 +30,15 @@ import torch.nn.functional as F
 from fxopt.analysis.shapes import record_value
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
+from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
 
-#: call targets whose second argument (``weight``) is a convolution weight
+#: call targets whose first two arguments are a convolution's input and weight
 _CONV_TARGETS: set[Any] = {torch.conv2d, F.conv2d, torch.convolution,
                            torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default}
 _FUSED_CONV_OPS = ("conv_bias_relu", "conv_bias_add_relu")
 _DTYPES = {"half": (torch.float16, torch.bfloat16), "all": (torch.float16, torch.bfloat16, torch.float32)}
+_CHANNEL_MULTIPLE = 8
 
 
 def _conv_targets() -> set[Any]:
@@ -38,29 +48,43 @@ def _conv_targets() -> set[Any]:
     return _CONV_TARGETS | fused | {op.default for op in fused}
 
 
-@register_pass
-class ChannelsLastWeights(Pass):
-    """Store constant 4-d convolution weights channels-last (values unchanged)."""
+class ConstantConvWeightPass(Pass):
+    """A pass over 2-d convolutions whose weight is a constant (``get_attr``) tensor on the
+    chosen device and dtypes."""
 
-    name = "channels_last_weights"
     inference_only = True
-    options = {
-        "device": Option(str, "cuda", "only weights on this device type are converted"),
-        "dtypes": Option(str, "half", "'half' (fp16/bf16, where NHWC is cuDNN's fast path) or 'all'",
+    options: ClassVar = {
+        "device": Option(str, "cuda", "only weights on this device type are changed"),
+        "dtypes": Option(str, "half", "'half' (fp16/bf16, the tensor-core case) or 'all'",
                          choices=tuple(_DTYPES)),
     }
 
-    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+    def convolutions(self, gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node, torch.Tensor]]:
+        """(conv node, weight node, weight tensor) for each convolution this pass may change."""
         targets = _conv_targets()
-        converted: dict[str, str] = {}
-        for node in gm.graph.nodes:
+        for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in targets:
                 continue
             weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
-            if not isinstance(weight, fx.Node) or weight.op != "get_attr" or weight.target in converted.values():
+            if not isinstance(weight, fx.Node) or weight.op != "get_attr":
                 continue
             value = fetch_attr(gm, weight.target)
-            if not self._wants(value):
+            if (isinstance(value, torch.Tensor) and value.dim() == 4
+                    and value.device.type == self.options["device"]
+                    and value.dtype in _DTYPES[self.options["dtypes"]]):
+                yield node, weight, value
+
+
+@register_pass
+class ChannelsLastWeights(ConstantConvWeightPass):
+    """Store constant 4-d convolution weights channels-last (values unchanged)."""
+
+    name = "channels_last_weights"
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        converted: dict[str, str] = {}
+        for _, weight, value in self.convolutions(gm):
+            if weight.target in converted.values() or value.is_contiguous(memory_format=torch.channels_last):
                 continue
             if weight.target not in converted:
                 attr = fresh_attr_name(gm, f"{weight.target}_channels_last")
@@ -71,8 +95,41 @@ class ChannelsLastWeights(Pass):
                 record_value(weight, weight.meta["val"].contiguous(memory_format=torch.channels_last))
         return PassResult(bool(converted), {"weights": len(converted)})
 
-    def _wants(self, value: Any) -> bool:
-        return (isinstance(value, torch.Tensor) and value.dim() == 4
-                and value.device.type == self.options["device"]
-                and value.dtype in _DTYPES[self.options["dtypes"]]
-                and not value.is_contiguous(memory_format=torch.channels_last))
+
+@register_pass
+class PadConvChannels(ConstantConvWeightPass):
+    """Zero-pad the input channels of ungrouped convolutions with fewer than 8 to 8."""
+
+    name = "pad_conv_channels"
+    requires = ("shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        padded = 0
+        for conv, weight, value in self.convolutions(gm):
+            if len(conv.args) < 2:  # input and weight given by keyword: leave it be
+                continue
+            x = conv.args[0]
+            x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+            channels = value.shape[1]
+            if (not isinstance(x_val, torch.Tensor) or x_val.dim() != 4 or x_val.shape[1] != channels
+                    or channels >= _CHANNEL_MULTIPLE):  # grouped, unknown, or aligned already
+                continue
+            extra = [0, 0, 0, 0, 0, _CHANNEL_MULTIPLE - channels]  # F.pad counts from the last dim
+            attr = fresh_attr_name(gm, f"{weight.target}_padded")
+            gm.register_buffer(attr, F.pad(value, extra).contiguous(memory_format=torch.channels_last))
+            graph = gm.graph
+            with graph.inserting_before(conv):
+                new_weight = graph.get_attr(attr)
+                wide = graph.call_function(F.pad, (x, extra))
+                wide_cl = graph.call_method("contiguous", (wide,), {"memory_format": torch.channels_last})
+            if isinstance(weight.meta.get("val"), torch.Tensor):
+                record_value(new_weight, F.pad(weight.meta["val"], extra).contiguous(memory_format=torch.channels_last))
+            record_value(wide, F.pad(x_val, extra))
+            record_value(wide_cl, wide.meta["val"].contiguous(memory_format=torch.channels_last))
+            conv.args = (wide_cl, new_weight, *conv.args[2:])
+            for node in (new_weight, wide, wide_cl):
+                record_replacement(node, [conv], self.name)
+            if not weight.users:
+                graph.erase_node(weight)
+            padded += 1
+        return PassResult(padded > 0, {"convolutions": padded})

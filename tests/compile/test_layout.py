@@ -51,3 +51,31 @@ def test_only_the_requested_device_and_dtypes_are_touched():
     for passes in ("channels_last_weights", "channels_last_weights{device=cpu}"):  # cuda / half only
         out = fxopt.optimize(make_fx(model)(x), passes=[passes], example_inputs=(x,))
         assert not _conv_weights(out)[0].is_contiguous(memory_format=torch.channels_last)
+
+
+class Stem(nn.Module):
+    def __init__(self, groups: int = 1):
+        super().__init__()
+        self.rgb = nn.Conv2d(3, 8, 7, stride=2, padding=3)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=4)  # 2 channels per group
+        self.wide = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.wide(F.relu(self.grouped(self.rgb(x))))
+
+
+def test_rgb_convolutions_are_padded_to_eight_channels():
+    model = Stem().eval()
+    x = torch.randn(2, 3, 16, 16)
+    gm = make_fx(model)(x)
+    out = fxopt.optimize(gm, passes=["pad_conv_channels{device=cpu,dtypes=all}"], example_inputs=(x,))
+
+    weights = _conv_weights(out)
+    assert [tuple(w.shape[:2]) for w in weights] == [(8, 8), (8, 2), (4, 8)]  # only the RGB conv
+    torch.testing.assert_close(weights[0][:, :3], model.rgb.weight.detach(), rtol=0, atol=0)
+    assert not weights[0][:, 3:].any()
+    assert "pad" in [getattr(n.target, "__name__", None) for n in out.graph.nodes]
+    for _ in range(3):  # fresh inputs: the padded input channels meet zero weights
+        x = torch.randn(2, 3, 16, 16)
+        torch.testing.assert_close(out(x), model(x))
+    assert model.rgb.weight.shape == (8, 3, 7, 7)
