@@ -101,7 +101,6 @@ class PadConvChannels(ConstantConvWeightPass):
     """Zero-pad the input channels of ungrouped convolutions with fewer than 8 to 8."""
 
     name = "pad_conv_channels"
-    requires = ("shapes",)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         padded = 0
@@ -109,7 +108,9 @@ class PadConvChannels(ConstantConvWeightPass):
             if len(conv.args) < 2:  # input and weight given by keyword: leave it be
                 continue
             x = conv.args[0]
-            x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+            # the shapes a capture recorded, no propagation: a graph with an op that has no
+            # fake impl must not fail here (the stem's input is nearly always a graph input)
+            x_val = x.meta.get("val", x.meta.get("example_value")) if isinstance(x, fx.Node) else None
             channels = value.shape[1]
             if (not isinstance(x_val, torch.Tensor) or x_val.dim() != 4 or x_val.shape[1] != channels
                     or channels >= _CHANNEL_MULTIPLE):  # grouped, unknown, or aligned already
