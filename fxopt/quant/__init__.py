@@ -13,7 +13,6 @@ import torch.fx as fx
 from fxopt.quant import ops  # noqa: F401  (registers torch.ops.fxopt_quant)
 from fxopt.quant.accuracy import AccuracyReport, accuracy_report, cosine, max_abs, sqnr
 from fxopt.quant.calibrate import calibrate
-from fxopt.quant.fuse_activation import FuseInt8Activation
 from fxopt.quant.observers import (
     OBSERVERS,
     HistogramObserver,
@@ -61,21 +60,20 @@ def quantize_model(model: torch.nn.Module | fx.GraphModule, example_inputs: Sequ
     selection = {k: options.pop(k) for k in ("skip", "keep_first_last", "overrides") if k in options}
     gm = model
     if mode == "int8_static" or "int8_static" in selection.get("overrides", ""):
-        gm = _run(model, example_inputs, InsertObservers(mode=mode, observer=observer, **selection))
+        gm = _run(model, InsertObservers(mode=mode, observer=observer, **selection), example_inputs)
         calibrate(gm, [] if calibration_data is None else calibration_data, progress=progress)
-    # int8 dynamic linears take a following activation into their GEMM epilogue
-    return _run(gm, example_inputs, Quantize(mode=mode, **selection, **options), FuseInt8Activation())
+    return _run(gm, Quantize(mode=mode, **selection, **options), example_inputs)
 
 
-def _run(model: Any, example_inputs: Sequence[Any], *passes: Any) -> fx.GraphModule:
-    """``fxopt.optimize`` with ``passes``; a pass skipped for a training-mode model is an
-    error here (the caller asked for quantization, not for a report line)."""
+def _run(model: Any, pass_: Any, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """``fxopt.optimize`` with one pass; a pass skipped for a training-mode model is an error
+    here (the caller asked for quantization, not for a report line)."""
     from fxopt.errors import InputError
     from fxopt.optimize import optimize, report_of
 
-    result = optimize(model, list(passes), example_inputs=example_inputs)
-    for pass_, record in zip(passes, report_of(result).records):
-        if record.skipped:
-            raise InputError(f"quantize_model: {pass_.name} was skipped ({record.skipped}); "
-                             "call model.eval() first")
+    result = optimize(model, [pass_], example_inputs=example_inputs)
+    skipped = report_of(result).records[-1].skipped
+    if skipped:
+        raise InputError(f"quantize_model: {pass_.name} was skipped ({skipped}); "
+                         "call model.eval() first")
     return result

@@ -69,8 +69,7 @@ def _prune(configs, named_args, **kwargs):
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _int8_scaled_mm(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
-                    stride_ym, M_BUCKET, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                    BLOCK_M: tl.constexpr,
+                    stride_ym, M_BUCKET, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # grouped launch order: programs that run together share x and w tiles in L2
     pid = tl.program_id(0)
@@ -108,12 +107,6 @@ def _int8_scaled_mm(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_
            * tl.load(ws_ptr + rn, mask=n_ok, other=0.0)[None, :])
     if HAS_BIAS:
         out += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if ACTIVATION == "relu":
-        out = tl.maximum(out, 0.0)
-    elif ACTIVATION == "gelu":  # the exact (erf) GELU, as F.gelu's default
-        out = 0.5 * out * (1.0 + tl.math.erf(out * 0.7071067811865476))
-    elif ACTIVATION == "silu":
-        out = out / (1.0 + tl.exp(-out))
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -123,10 +116,8 @@ _tuned = triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"],
 
 
 def int8_scaled_mm(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
-                   out_dtype: torch.dtype, activation: str = "none",
-                   config: dict | None = None) -> Tensor:
-    """``activation((xq @ w.T) * x_scale * w_scale + bias)`` as ``out_dtype``, int32
-    accumulation; the activation ("none", "relu", "gelu", "silu") in fp32 in the epilogue.
+                   out_dtype: torch.dtype, config: dict | None = None) -> Tensor:
+    """``(xq @ w.T) * x_scale * w_scale + bias`` as ``out_dtype``, int32 accumulation.
 
     ``xq``: ``[M, K]`` int8; ``w``: ``[N, K]`` int8; ``x_scale``: ``M`` float32 values
     (``[M, 1]`` or ``[M]``); ``w_scale``: ``[N]`` float32; ``bias``: ``[N]`` or None.
@@ -148,11 +139,11 @@ def int8_scaled_mm(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias
             triton.next_power_of_2(m))
     if config is None:
         _tuned[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
-            *args, HAS_BIAS=bias is not None, ACTIVATION=activation)
+            *args, HAS_BIAS=bias is not None)
     else:
         meta = {"GROUP_M": 8, **config}
         grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-        _int8_scaled_mm[grid](*args, HAS_BIAS=bias is not None, ACTIVATION=activation, **meta)
+        _int8_scaled_mm[grid](*args, HAS_BIAS=bias is not None, **meta)
     return y
 
 
@@ -188,7 +179,9 @@ def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, scale
-    rows = max(1, min(8, 4096 // block_k))  # short rows: several per program
+    # short rows: several per program (measured on an H100 at [6304, 768] and [6304, 3072]:
+    # 4096 elements per program beat 8192 by a quarter, 0.88 vs 1.18 ms over the ViT)
+    rows = max(1, min(8, 4096 // block_k))
     warps = min(32, max(4, rows * block_k // 512))
     _quantize_rows[(triton.cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), QMAX=INT8_SYMMETRIC_MAX,
                                             ROWS=rows, BLOCK_K=block_k, num_warps=warps)

@@ -88,15 +88,9 @@ def _quantize_per_token_fake(x: Tensor) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0], 1), dtype=torch.float32)
 
 
-#: activations the int8 GEMM applies in its epilogue (fp32, before the cast)
-EPILOGUE_ACTIVATIONS = {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
-
-
 def int8_scaled_mm_reference(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor,
-                             bias: Tensor | None, out_dtype: torch.dtype,
-                             activation: str = "none") -> Tensor:
-    """The definition of ``int8_scaled_mm``:
-    ``activation((xq @ w.T) * x_scale * w_scale + bias)``, cast to ``out_dtype`` last.
+                             bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """The definition of ``int8_scaled_mm``: ``(xq @ w.T) * x_scale * w_scale + bias``.
 
     ``xq`` ``[M, K]`` and ``w`` ``[N, K]`` are int8, multiplied exactly with int32
     accumulation (``torch._int_mm``); ``x_scale`` holds M float32 values, ``w_scale`` N.
@@ -105,26 +99,23 @@ def int8_scaled_mm_reference(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Te
     out = acc * x_scale.reshape(-1, 1).to(torch.float32) * w_scale.to(torch.float32)
     if bias is not None:
         out = out + bias.to(torch.float32)
-    return EPILOGUE_ACTIVATIONS[activation](out).to(out_dtype)
+    return out.to(out_dtype)
 
 
 def _scaled_mm_cuda(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
-                    out_dtype: torch.dtype, activation: str = "none") -> Tensor:
+                    out_dtype: torch.dtype) -> Tensor:
     from fxopt.quant import int8_mm  # triton is imported only where CUDA runs
 
-    return int8_mm.int8_scaled_mm(xq, w, x_scale, w_scale, bias, out_dtype, activation)
+    return int8_mm.int8_scaled_mm(xq, w, x_scale, w_scale, bias, out_dtype)
 
 
 def _scaled_mm_fake(xq: Tensor, w: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None,
-                    out_dtype: torch.dtype, activation: str = "none") -> Tensor:
+                    out_dtype: torch.dtype) -> Tensor:
     return xq.new_empty((xq.shape[0], w.shape[0]), dtype=out_dtype)
 
 
-def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
-                        activation: str = "none") -> Tensor:
-    """``activation(x @ w.T + bias)`` with ``x`` quantized per token at run time and ``w``
-    int8 per channel; the activation (see ``EPILOGUE_ACTIVATIONS``) runs in the GEMM's
-    epilogue (the ``fuse_int8_activation`` pass puts it there).
+def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ w.T`` with ``x`` quantized per token at run time and ``w`` int8 per channel.
 
     ``w`` is ``[N, K]`` int8 (symmetric), ``w_scale`` is ``[N]`` float32. Two opaque ops
     with Triton kernels on CUDA (see ``fxopt.quant.int8_mm`` for why they are opaque):
@@ -133,7 +124,7 @@ def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | No
     """
     lead, k = x.shape[:-1], x.shape[-1]
     xq, x_scale = torch.ops.fxopt_quant.quantize_per_token(x.reshape(-1, k))
-    out = torch.ops.fxopt_quant.int8_scaled_mm(xq, w, x_scale, w_scale, bias, x.dtype, activation)
+    out = torch.ops.fxopt_quant.int8_scaled_mm(xq, w, x_scale, w_scale, bias, x.dtype)
     return out.reshape(*lead, w.shape[0])
 
 
@@ -234,12 +225,12 @@ _LIB.impl("quantize_per_token", quantize_per_token_reference, "CPU")
 _LIB.impl("quantize_per_token", _quantize_per_token_cuda, "CUDA")
 torch.library.register_fake("fxopt_quant::quantize_per_token")(_quantize_per_token_fake)
 _LIB.define("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-            "ScalarType out_dtype, str activation=\"none\") -> Tensor")
+            "ScalarType out_dtype) -> Tensor")
 _LIB.impl("int8_scaled_mm", int8_scaled_mm_reference, "CPU")
 _LIB.impl("int8_scaled_mm", _scaled_mm_cuda, "CUDA")
 torch.library.register_fake("fxopt_quant::int8_scaled_mm")(_scaled_mm_fake)
-_define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias, "
-                  "str activation=\"none\") -> Tensor", int8_dynamic_linear)
+_define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
+                  int8_dynamic_linear)
 _LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")
 _LIB.impl("int8_weight_only_linear", int8_weight_only_linear_reference, "CPU")
 _LIB.impl("int8_weight_only_linear", _weight_only_cuda, "CUDA")

@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
-import fxopt
 import fxopt.quant as fq
 from fxopt.quant.ops import ops
 
@@ -64,49 +63,3 @@ def test_dynamic_route_compiles_with_global_freezing_and_matches():
             torch.testing.assert_close(y, q(fresh), rtol=1e-4, atol=1e-4)
             assert fq.sqnr(model(fresh), y) >= 30
     torch._dynamo.reset()
-
-
-class _Activations(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(32, 48), nn.Linear(48, 48), nn.Linear(48, 48)
-        self.d, self.e, self.f = nn.Linear(48, 48), nn.Linear(48, 48), nn.Linear(48, 16)
-        self.gelu = nn.GELU()
-
-    def forward(self, x):
-        h = self.gelu(self.a(x))                                      # module: fused
-        h = torch.relu(self.b(h))                                     # function: fused
-        h = torch.nn.functional.silu(self.c(h))                       # fused
-        h = torch.nn.functional.gelu(self.d(h), approximate="tanh")   # tanh GELU: kept
-        y = self.e(h)
-        h = torch.nn.functional.gelu(y) + y                           # two users: kept
-        return self.f(h)
-
-
-def test_activations_fuse_into_the_dynamic_linear_epilogue():
-    model, x = _Activations().eval(), torch.randn(24, 32)
-    q = fq.quantize_model(model, (x,), "int8_dynamic")
-    linears = [n for n in q.graph.nodes if n.target is ops.int8_dynamic_linear.default]
-    assert [n.args[4] if len(n.args) > 4 else None for n in linears] == ["gelu", "relu", "silu", None, None, None]
-    calls = [n.target for n in q.graph.nodes if n.op in ("call_function", "call_module")]
-    assert "gelu" not in calls and torch.relu not in calls and torch.nn.functional.silu not in calls
-    assert calls.count(torch.nn.functional.gelu) == 2
-    unfused = fxopt.optimize(model, [fq.Quantize(mode="int8_dynamic")], example_inputs=(x,))
-    fresh = torch.randn(24, 32)
-    torch.testing.assert_close(q(fresh), unfused(fresh), rtol=1e-5, atol=1e-5)
-    report = fq.accuracy_report(model, q, (fresh,))
-    assert report.min_layer_sqnr >= 30 and report.end_to_end.sqnr >= 30
-
-
-def test_activation_of_a_linear_with_siblings_is_left_for_merging():
-    class Gated(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate, self.up, self.down = nn.Linear(32, 64), nn.Linear(32, 64), nn.Linear(64, 32)
-
-        def forward(self, x):
-            return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
-
-    q = fq.quantize_model(Gated().eval(), (torch.randn(4, 32),), "int8_dynamic")
-    assert all(len(n.args) == 4 for n in q.graph.nodes if n.target is ops.int8_dynamic_linear.default)
-    assert any(n.target is torch.nn.functional.silu for n in q.graph.nodes)
