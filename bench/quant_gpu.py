@@ -14,6 +14,10 @@ Run on a CUDA machine (writes a table to stdout and JSON + generated code to --o
 2. ViT-B/16-shaped encoder at batch 32, bf16 vs fxopt int8 dynamic (with
    --vit-max-autotune also both compiled with max_autotune_gemm: several minutes).
 3. fullgraph=True compiles for fp32/fp16/bf16 in every mode.
+4. ``--only llama_dyn``: the route per shape against frozen bf16 for the M >= 17 shapes
+   (``--dyn-ms``); ``--only int8mm``: the int8 dynamic GEMM kernel per layer shape against
+   ``torch._int_mm``, bf16 and fp8 rowwise, and the per-token quantize kernel against
+   Inductor's fusion of the same decomposition.
 
 Self-checking: before any timing, every quantized variant is compared with a
 dequantized float reference (SQNR), and Inductor's generated code for the weight-only
@@ -293,6 +297,7 @@ def vit(out: dict, log) -> None:
         times, sqnrs = {}, {}
         tags = [("default", {})] + ([("max_autotune_gemm", {"max_autotune_gemm": True})]
                                     if VIT_MAX_AUTOTUNE else [])
+
         for tag, opts in tags:
             bf16_c = torch.compile(gm, fullgraph=True, options={"freezing": True, **opts})
             dyn_c = torch.compile(dyn, fullgraph=True, options={"freezing": True, **opts})
@@ -333,6 +338,8 @@ def int8mm(out: dict, log) -> None:
     layers of the Llama stack / the ViT. Checked against the exact product first."""
     from functools import partial
 
+    import triton
+
     from fxopt.quant import int8_mm
 
     rows = []
@@ -355,10 +362,47 @@ def int8mm(out: dict, log) -> None:
             if m > 16:
                 t["int_mm"] += count * bench(partial(torch._int_mm, xq, w.t()), graph=True)
             t["bf16"] += count * bench(partial(F.linear, xb, wb), graph=True)
+            if hasattr(torch, "float8_e4m3fn"):  # Hopper fp8 rowwise (cuBLASLt), for comparison
+                try:
+                    x8, w8 = xb.to(torch.float8_e4m3fn), wb.to(torch.float8_e4m3fn)
+                    t["fp8_rowwise"] = t.get("fp8_rowwise", 0.0) + count * bench(partial(
+                        torch._scaled_mm, x8, w8.t(), scale_a=xs, scale_b=ws.reshape(1, -1), bias=b,
+                        out_dtype=torch.bfloat16, use_fast_accum=True), graph=True)
+                except Exception as exc:  # noqa: BLE001  (reported, not fatal)
+                    t["fp8_error"] = repr(exc)[:200]
         assert worst < 8e-3, (model, m, worst)  # bf16 output rounding only
         rows.append({"model": model, "M": m, **t, "rel_err": worst})
-        log(f"int8mm {model} M={m}: " + " ".join(f"{k}={v:.4f}" for k, v in t.items()) + f" rel_err={worst:.1e}")
+        log(f"int8mm {model} M={m}: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                                 for k, v in t.items()) + f" rel_err={worst:.1e}")
     out["int8mm_rows"] = rows
+    # per-token quantization of the ViT's activations: fxopt's row kernel against Inductor's
+    # fusion of the same aten decomposition (alone, and behind the MLP's GELU)
+    from fxopt.quant.ops import quantize_per_token_reference
+
+    quant = {}
+    for k in (768, 3072):
+        x = torch.randn(32 * 197, k, device="cuda", dtype=torch.bfloat16)
+        inductor = torch.compile(quantize_per_token_reference, fullgraph=True)
+        inductor_gelu = torch.compile(lambda v: quantize_per_token_reference(F.gelu(v)), fullgraph=True)
+        # fxopt's kernel is bit-identical to eager aten; Inductor computes the scale as
+        # amax * (1 / 127), which can differ from amax / 127 in the last bit
+        ours, eager, compiled = int8_mm.quantize_per_token(x), quantize_per_token_reference(x), inductor(x)
+        assert all(torch.equal(a, b) for a, b in zip(ours, eager))
+        agree = (ours[0] == compiled[0]).float().mean().item()
+        quant[f"K{k}"] = {"fxopt_rows_us": 1e3 * bench(partial(int8_mm.quantize_per_token, x), graph=True),
+                          "inductor_us": 1e3 * bench(partial(inductor, x), graph=True),
+                          "inductor_gelu_us": 1e3 * bench(partial(inductor_gelu, x), graph=True),
+                          "gelu_alone_us": 1e3 * bench(partial(F.gelu, x), graph=True),
+                          "inductor_equal_fraction": agree}
+        # programs of several rows / warps (the shipped choice is one of them)
+        q, sc = torch.empty_like(x, dtype=torch.int8), torch.empty(x.shape[0], 1, device="cuda")
+        block = triton.next_power_of_2(k)
+        for rows, warps in [(1, 4), (1, 8), (1, 16), (2, 8), (4, 4), (4, 8), (8, 8)]:
+            quant[f"K{k}"][f"rows{rows}_warps{warps}_us"] = 1e3 * bench(partial(
+                int8_mm._quantize_rows[(triton.cdiv(x.shape[0], rows),)], x, q, sc, x.shape[0], k, k,
+                QMAX=127, ROWS=rows, BLOCK_K=block, num_warps=warps), graph=True)
+        log(f"quantize per token [6304, {k}]: " + " ".join(f"{a}={v:.1f}" for a, v in quant[f"K{k}"].items()))
+    out["quantize_per_token"] = quant
 
 
 def llama_dynamic(out: dict, log) -> None:
