@@ -17,7 +17,7 @@ float32 scale per output channel:
 - ``int8_static``: ``F.linear(dequantize(quantize(x)), dequantize(w_int8), bias)``
   with the activation's observed scale/zero point (QDQ: the portable reference form);
 - ``int8_dynamic``: ``int8_dynamic_linear(x, w_int8, scale, bias)`` (per-token activation
-  scales computed at run time, ``torch._int_mm`` on the GPU);
+  scales computed at run time, fxopt's Triton int8 GEMM on the GPU);
 - ``int8_weight_only``: ``int8_weight_only_linear(x, w_int8, scale, bias)`` (a fused
   Triton kernel on the GPU), or ``int8_linear`` when ``dynamic_min_tokens`` picks the
   route by the number of rows.
