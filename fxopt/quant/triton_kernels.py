@@ -17,11 +17,17 @@ Two int8 kernels; the faster one for the shape is picked by timing (:func:`tuned
 Both may split K over SPLIT_K programs (fp32 partial sums, then ``_splitk_reduce``
 applies the scale and bias): a layer with few output channels and a long K (Llama's
 down projection: N = 4096, K = 11008) otherwise has too few programs to keep enough
-loads in flight on every SM. The int8 -> float conversion uses the magic-number trick
+loads in flight on every SM. The int8 -> float conversion may use the magic-number trick
 (``_int8_to_f32``): an integer add and a float subtract instead of the int-to-float
-converter, whose throughput on Hopper is a quarter of the FMA pipe's (a GEMV at M = 1
-converts one weight per FMA). Kernels and configurations (tile, warps, stages, split)
-are timed once per (M bucket, N, K, dtype) on the first call (:func:`tuned_config`).
+converter, whose throughput on Hopper is a quarter of the FMA pipe's. A GEMV at M = 1
+converts one weight per FMA, and with the trick it ran 1.5x faster on an H100 (Llama's
+down projection, 21.6 vs 32.1 us); the GEMM was as fast either way, so both are
+candidates. Kernels and configurations (tile, warps, stages, split, conversion) are timed
+once per (M bucket, N, K, dtype) on the first call (:func:`tuned_config`).
+
+``int8_weight_only_swiglu`` runs the same kernels with GATED: each program reads the
+gate's and the up projection's rows of one ``[2N, K]`` weight and stores
+``silu(gate) * up`` (fxopt.quant.merge's ``fuse_swiglu`` emits it).
 
 This module imports triton: it is loaded only by the CUDA implementation of
 ``torch.ops.fxopt_quant.int8_weight_only_linear`` (and by tests in Triton's interpreter).
