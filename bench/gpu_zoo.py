@@ -143,10 +143,17 @@ def fresh_cache_dir(root: str, label: str) -> None:
     os.environ["TRITON_CACHE_DIR"] = os.path.join(path, "triton")
 
 
-def bench_ms(fn: Callable, inputs: tuple, device: str) -> float:
+def bench_ms(fn: Callable, inputs: tuple, device: str, graph: bool = False) -> float:
+    """Median ms of one call: launched from Python as usual, or (``graph``) replayed as a
+    CUDA graph, which takes the CPU's launch overhead out and leaves the GPU's work."""
     if device == "cuda":
         from triton.testing import do_bench
 
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(*inputs)
+            return do_bench(g.replay, warmup=25, rep=150, return_mode="median")
         return do_bench(lambda: fn(*inputs), warmup=25, rep=150, return_mode="median")
     times = []
     for _ in range(5):
@@ -214,16 +221,22 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
         row[variant] = entry
     # timed in interleaved rounds: a drift of the machine hits every variant alike
     samples: dict[str, list[float]] = {v: [] for v in compiled}
+    graph_samples: dict[str, list[float]] = {v: [] for v in compiled}
     for _ in range(args.rounds):
         for variant, (fn, context) in compiled.items():
             with torch.no_grad(), context():
                 samples[variant].append(bench_ms(fn, inputs, device))
+                if args.cuda_graphs and device == "cuda":
+                    graph_samples[variant].append(bench_ms(fn, inputs, device, graph=True))
     for variant, (fn, context) in compiled.items():
         with torch.no_grad(), context():
             out = fn(*inputs)  # after the timed runs: a stale or racy result would show
         times = sorted(samples[variant])
         row[variant].update(ms=times[len(times) // 2], ms_samples=times,
                             rel_l2_vs_fp32=rel_l2(out.float(), reference))
+        if graph_samples[variant]:
+            times = sorted(graph_samples[variant])
+            row[variant].update(graph_ms=times[len(times) // 2], graph_ms_samples=times)
         print(f"[{name}] {variant}: {json.dumps(row[variant])}", flush=True)
     summarize(row)
     return row
@@ -235,6 +248,9 @@ def summarize(row: dict[str, Any]) -> None:
     best = min((v["ms"] for v in (ind, frz) if "ms" in v), default=None)
     if "ms" in fx and best is not None:
         row["speedup_vs_best_inductor"] = best / fx["ms"]
+    best_graph = min((v["graph_ms"] for v in (ind, frz) if "graph_ms" in v), default=None)
+    if "graph_ms" in fx and best_graph is not None:
+        row["graph_speedup_vs_best_inductor"] = best_graph / fx["graph_ms"]
     if "ms" in row.get("fxopt_cudnn", {}) and best is not None:
         row["cudnn_speedup_vs_best_inductor"] = best / row["fxopt_cudnn"]["ms"]
     if "pass_s" in fx and "compile_s" in ind:
@@ -270,7 +286,16 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['model']} | {ms(r, 'eager')} | {ms(r, 'inductor')} | {ms(r, 'inductor_freezing')} | "
                      f"{ms(r, 'fxopt')} | {speed} | {cs(r, 'inductor')} / {cs(r, 'inductor_freezing')} / "
                      f"{cs(r, 'fxopt')} | {share} | {err} | {ok} |")
+    if any("graph_speedup_vs_best_inductor" in r for r in rows):
+        lines += ["", "CUDA-graph replays (no launch overhead), ms: eager / inductor / ind+freezing / fxopt, "
+                  "fxopt vs best"]
+        for r in rows:
+            each = " / ".join(f"{r[v]['graph_ms']:.3f}" if "graph_ms" in r.get(v, {}) else "-"
+                              for v in ("eager", "inductor", "inductor_freezing", "fxopt"))
+            speed = r.get("graph_speedup_vs_best_inductor")
+            lines.append(f"| {r['model']} | {each} | {f'{speed:.3f}x' if speed else '-'} |")
     for key, label in (("speedup_vs_best_inductor", "fxopt"),
+                       ("graph_speedup_vs_best_inductor", "fxopt, CUDA-graph replays"),
                        ("cudnn_speedup_vs_best_inductor", "fxopt, cuDNN fusions kept")):
         conv = [r[key] for r in rows if r["model"] in CONV_NETS and key in r]
         if conv:
@@ -288,6 +313,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--cudnn-fusions", action="store_true",
                         help="also time conv nets with fxopt's fused cuDNN conv ops kept whole")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also time every variant as CUDA-graph replays (the GPU's work alone)")
     parser.add_argument("--budget-s", type=float, default=540, help="skip models once this is spent")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny else "cuda"

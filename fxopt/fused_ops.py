@@ -315,5 +315,15 @@ def _register_inductor_decompositions() -> None:
                                                            dilation, groups)
         return conv_bias_add_relu_reference(x, weight, bias, z, alpha, stride, padding, dilation, groups)
 
+    # Inductor caches a copy of its decomposition table the first time it compiles
+    # (``fast_random_decomps``): if anything was compiled before fxopt was imported, that
+    # copy lacks the entries above, the fused ops reach lowering whole and Inductor
+    # asserts ("both a fallback and a decomp"). Drop the stale copy.
+    from torch._inductor import decomposition
+
+    stale = getattr(decomposition, "fast_random_decomps", None)
+    if hasattr(stale, "cache_clear"):
+        stale.cache_clear()
+
 
 _register_inductor_decompositions()

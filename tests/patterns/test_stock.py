@@ -259,3 +259,22 @@ def test_in_place_write_into_an_input_is_never_fused_away() -> None:
     mine, theirs = a.clone(), a.clone()
     torch.testing.assert_close(out(mine, b), f(theirs, b))
     torch.testing.assert_close(mine, theirs)
+
+
+def test_fused_ops_decompose_even_if_inductor_compiled_before_fxopt_was_imported() -> None:
+    """Inductor caches its decomposition table at its first compile; importing fxopt later
+    must still put the fused ops' decompositions in the table Inductor uses."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "torch.compile(lambda x: x.relu() + 1)(torch.randn(4))\n"
+        "import fxopt.fused_ops\n"
+        "from torch._inductor.decomposition import select_decomp_table\n"
+        "table = select_decomp_table()\n"
+        "assert torch.ops.fxopt.conv_bias_relu.default in table\n"
+        "assert torch.ops.fxopt.conv_bias_add_relu.default in table\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
