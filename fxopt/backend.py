@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from fxopt.analysis.alias import storages_of
 from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.shapes import VALUES_CURRENT
 from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
@@ -313,9 +314,10 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
     for old, new in zip(gm.graph.find_nodes(op="placeholder"), placeholders):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
-    for node in placeholders:
+    for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]
+    work.meta[VALUES_CURRENT] = True  # Dynamo's own example values: no need to propagate again
     record = PassRecord("freeze_parameters", nodes_before=len(graph.nodes))
     start = time.perf_counter()
     keep = list(range(len(example_inputs)))

@@ -83,14 +83,43 @@ def fake_mode_for(gm: fx.GraphModule, example_inputs: Any) -> tuple[FakeTensorMo
                   for x in flat]
 
 
+#: ``gm.meta`` key: every node's ``meta['val']`` is current (a fresh Dynamo capture, whose
+#: example values Dynamo computed itself). The next shape analysis adopts those values
+#: instead of running the graph again, once: that run is most of fxopt's time inside the
+#: ``torch.compile`` backend. Any pass that changes the graph invalidates the analysis,
+#: and the run after it propagates as usual.
+VALUES_CURRENT = "fxopt.values_current"
+
+
 @register_analysis("shapes")
 def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
     """Run ``gm`` on fake inputs, filling ``meta['val']`` / ``meta['tensor_meta']``.
 
     Returns the fake mode used, so later analyses can create compatible fake tensors.
     """
+    if gm.meta.pop(VALUES_CURRENT, False):
+        adopted = _adopt_recorded_values(gm)
+        if adopted is not None:
+            return adopted
     mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None))
     propagator = _FakePropagator(gm, mode)
     with mode, torch.no_grad():
         propagator.run(*fake_inputs, enable_io_processing=False)
+    return mode
+
+
+def _adopt_recorded_values(gm: fx.GraphModule) -> FakeTensorMode | None:
+    """The fake mode of the values already on every node (None if some node has none)."""
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    if any("val" not in n.meta for n in nodes):
+        return None
+    try:
+        mode = torch._guards.detect_fake_mode([n.meta["val"] for n in nodes])
+    except AssertionError:  # values from several fake modes: not one capture's
+        return None
+    if mode is None:
+        return None
+    for node in nodes:
+        if "tensor_meta" not in node.meta:
+            record_value(node, node.meta["val"])
     return mode

@@ -349,3 +349,48 @@ def test_modules_holding_inference_tensors_can_be_optimized():
     assert fxopt.report_of(out).find("cse")[0].changed
     x = torch.randn(4)
     torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)
+
+
+def test_values_of_a_fresh_capture_are_adopted_once_then_propagated():
+    """VALUES_CURRENT (set by the compile backend on Dynamo's graphs) makes the first shape
+    analysis take the recorded values as they are; after a change it propagates again."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxopt.analysis.shapes import VALUES_CURRENT
+
+    gm = make_fx(lambda x: torch.relu(x) * 2, tracing_mode="fake")(torch.randn(3, 4))
+    relu = next(n for n in gm.graph.nodes if "relu" in str(n.target))
+    planted = relu.meta["val"].new_empty(7)  # a value propagation would never give it
+    relu.meta["val"] = planted
+    gm.meta[VALUES_CURRENT] = True
+    seen = []
+
+    class Look(fxopt.Pass):
+        name = "look"
+        requires = ("shapes",)
+
+        def __init__(self, change: bool):
+            super().__init__()
+            self.change = change
+
+        def run(self, g, ctx):
+            seen.append(tuple(next(n for n in g.graph.nodes if "relu" in str(n.target)).meta["val"].shape))
+            if self.change:
+                g.graph.call_function(operator.add, (1, 1))  # dead, but a change
+            return fxopt.PassResult(self.change)
+
+    fxopt.PassManager([Look(True), Look(False)]).run(gm, (torch.randn(3, 4),))
+    assert seen == [(7,), (3, 4)]
+    assert VALUES_CURRENT not in gm.meta
+
+
+def test_values_from_mixed_fake_modes_are_propagated_not_adopted():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxopt.analysis.shapes import VALUES_CURRENT
+
+    gm = make_fx(lambda x: torch.relu(x) * 2)(torch.randn(3, 4))  # real tracing: mixed modes
+    gm.meta[VALUES_CURRENT] = True
+    out = fxopt.optimize(gm, passes=["eliminate_identity"], example_inputs=(torch.randn(3, 4),))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(out(x), torch.relu(x) * 2)
