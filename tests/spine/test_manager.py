@@ -394,3 +394,21 @@ def test_values_from_mixed_fake_modes_are_propagated_not_adopted():
     out = fxopt.optimize(gm, passes=["eliminate_identity"], example_inputs=(torch.randn(3, 4),))
     x = torch.randn(3, 4)
     torch.testing.assert_close(out(x), torch.relu(x) * 2)
+
+
+def test_run_hands_the_collectors_state_back():
+    """The manager freezes the long-lived heap while passes run; afterwards the process's
+    gc state is what it was, including a freeze the caller made itself."""
+    import gc
+
+    _, gm, inputs = _traced_demo()
+    assert gc.get_freeze_count() == 0
+    fxopt.PassManager(["cse", "dce"]).run(gm, inputs)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+    gc.freeze()
+    try:
+        fxopt.PassManager(["cse", "dce"]).run(copy.deepcopy(gm), inputs)
+        assert gc.get_freeze_count() > 0  # still the caller's freeze (objects may have died since)
+    finally:
+        gc.unfreeze()
