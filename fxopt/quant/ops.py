@@ -48,6 +48,15 @@ def _define_composite(schema: str, fn) -> None:
     _LIB.impl(schema.split("(", 1)[0], fn, "CompositeImplicitAutograd")
 
 
+def _define_kernel(schema: str, cpu, cuda, fake) -> None:
+    """Define an op Inductor keeps whole: a CPU reference, a CUDA kernel and a fake impl."""
+    name = schema.split("(", 1)[0]
+    _LIB.define(schema)
+    _LIB.impl(name, cpu, "CPU")
+    _LIB.impl(name, cuda, "CUDA")
+    torch.library.register_fake(f"fxopt_quant::{name}")(fake)
+
+
 def quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
     """``clamp(round(x / scale) + zero_point, qmin, qmax)`` as int8; math in float32."""
     q = torch.round(x.to(torch.float32) / scale) + zero_point
@@ -233,30 +242,18 @@ _define_composite("quantize(Tensor x, Tensor scale, Tensor zero_point, int qmin,
 _define_composite("dequantize(Tensor q, Tensor scale, Tensor zero_point, ScalarType out_dtype) -> Tensor",
                   dequantize)
 _define_composite("dynamic_scale(Tensor x, int[] dims, int qmax) -> Tensor", dynamic_scale)
-_LIB.define("quantize_per_token(Tensor x) -> (Tensor, Tensor)")
-_LIB.impl("quantize_per_token", quantize_per_token_reference, "CPU")
-_LIB.impl("quantize_per_token", _quantize_per_token_cuda, "CUDA")
-torch.library.register_fake("fxopt_quant::quantize_per_token")(_quantize_per_token_fake)
-_LIB.define("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-            "ScalarType out_dtype) -> Tensor")
-_LIB.impl("int8_scaled_mm", int8_scaled_mm_reference, "CPU")
-_LIB.impl("int8_scaled_mm", _scaled_mm_cuda, "CUDA")
-torch.library.register_fake("fxopt_quant::int8_scaled_mm")(_scaled_mm_fake)
+_define_kernel("quantize_per_token(Tensor x) -> (Tensor, Tensor)",
+               quantize_per_token_reference, _quantize_per_token_cuda, _quantize_per_token_fake)
+_define_kernel("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
+               "ScalarType out_dtype) -> Tensor", int8_scaled_mm_reference, _scaled_mm_cuda, _scaled_mm_fake)
 _define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
                   int8_dynamic_linear)
-_LIB.define("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")
-_LIB.impl("int8_weight_only_linear", int8_weight_only_linear_reference, "CPU")
-_LIB.impl("int8_weight_only_linear", _weight_only_cuda, "CUDA")
-torch.library.register_fake("fxopt_quant::int8_weight_only_linear")(_weight_only_fake)
-_LIB.define("int8_weight_only_swiglu(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor")
-_LIB.impl("int8_weight_only_swiglu", int8_weight_only_swiglu_reference, "CPU")
-_LIB.impl("int8_weight_only_swiglu", _swiglu_cuda, "CUDA")
-torch.library.register_fake("fxopt_quant::int8_weight_only_swiglu")(_swiglu_fake)
-_LIB.define("int4_weight_only_linear(Tensor x, Tensor w, Tensor scales, int group_size, "
-            "Tensor? bias) -> Tensor")
-_LIB.impl("int4_weight_only_linear", int4_weight_only_linear_reference, "CPU")
-_LIB.impl("int4_weight_only_linear", _int4_cuda, "CUDA")
-torch.library.register_fake("fxopt_quant::int4_weight_only_linear")(_int4_fake)
+_define_kernel("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
+               int8_weight_only_linear_reference, _weight_only_cuda, _weight_only_fake)
+_define_kernel("int8_weight_only_swiglu(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
+               int8_weight_only_swiglu_reference, _swiglu_cuda, _swiglu_fake)
+_define_kernel("int4_weight_only_linear(Tensor x, Tensor w, Tensor scales, int group_size, "
+               "Tensor? bias) -> Tensor", int4_weight_only_linear_reference, _int4_cuda, _int4_fake)
 _define_composite("int8_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias, "
                   "int dynamic_min_tokens) -> Tensor", int8_linear)
 
