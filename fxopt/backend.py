@@ -14,8 +14,9 @@ Freezing. Dynamo lifts parameters and buffers into graph *inputs*
 (``inline_inbuilt_nn_modules``), so a pass would never see constant weights. For
 inference graphs (``torch.is_grad_enabled()`` is false, or no input requires grad) the
 backend does what Inductor's freezing does one level down: every parameter/buffer
-placeholder that the graph never writes to becomes a ``get_attr`` of a buffer holding
-that same tensor, and the compiled function drops those arguments. Inductor's own
+placeholder that the graph never writes to becomes a ``get_attr`` of that same tensor
+(parameters stay Parameters, buffers are registered as buffers), and the compiled function
+drops those arguments. Inductor's own
 ``freezing`` is switched on for the same graphs, so the (possibly rewritten) weights end
 up as Inductor constants. After the user's passes, the layout passes of
 :mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
@@ -304,8 +305,8 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
     ``skip_reason`` says why not).
 
     Returns the copy, the indices of the inputs it still takes, and a report record. The
-    copy shares tensors with the user's model (the constants are those very tensors,
-    detached), and ``gm`` itself is untouched so that a failure can fall back to it.
+    copy shares tensors with the user's model (the constants are those very tensors), and
+    ``gm`` itself is untouched so that a failure can fall back to it.
     """
     graph = copy.deepcopy(gm.graph)
     work = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
@@ -335,7 +336,14 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
             if not _is_weight(node, value) or storages_of(_fake(node)) & written:
                 continue
             attr = fresh_attr_name(work, f"_frozen_{node.name}")
-            work.register_buffer(attr, value.detach())
+            if isinstance(value, torch.nn.Parameter):
+                # kept a Parameter, requires_grad and all: decompositions read the flag. aten's
+                # matmul folds a linear on a transposed 3-d input into one mm only for a weight
+                # that requires grad; detached, ViT's attention projections became expand+bmm
+                # where Inductor's own freezing has one mm (tests/compile: same post-grad ops)
+                work.register_parameter(attr, value)
+            else:
+                work.register_buffer(attr, value.detach())
             with graph.inserting_after(anchor):
                 getter = graph.get_attr(attr)
             getter.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})

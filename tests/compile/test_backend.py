@@ -218,3 +218,42 @@ def test_written_buffers_are_not_frozen():
     assert not any("calls" in n or "running" in n for n in graph.frozen)
     assert model.calls.item() == 2
     torch.testing.assert_close(model.bn.running_var, reference.bn.running_var)
+
+
+class AttentionBlock(nn.Module):
+    """torchvision's ViT encoder block: batch-first MultiheadAttention, then an MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        y = self.ln(x)
+        y, _ = self.attn(y, y, y, need_weights=False)
+        return x + self.mlp(x + y)
+
+
+def test_backend_freezing_lowers_like_inductors_own_freezing():
+    """With no passes, the backend's freezing must reach Inductor as the same ATen program
+    as Inductor's freezing; a weight that lost requires_grad once turned the attention's
+    projections into expand+bmm instead of one mm."""
+    import collections
+
+    model, x = AttentionBlock().eval(), torch.randn(2, 9, 32)
+    seen = {}
+
+    def spy(label):
+        def look(graph):
+            seen[label] = collections.Counter(str(n.target) for n in graph.nodes if n.op == "call_function")
+        return look
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(freezing=True, post_grad_custom_post_pass=spy("inductor")):
+            expected = torch.compile(model)(x)
+        torch._dynamo.reset()
+        got = fxopt.compile(model, passes=[], options={"inductor": {"post_grad_custom_post_pass": spy("fxopt")}})(x)
+    assert seen["fxopt"] == seen["inductor"]
+    torch.testing.assert_close(got, expected)
