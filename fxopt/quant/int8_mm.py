@@ -41,6 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fxopt.quant.ops import INT8_SYMMETRIC_MAX
+from fxopt.quant.triton_kernels import grouped_tile
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 _SMALL_M = [(16, 64, 256, 4, 4), (32, 64, 256, 4, 4), (64, 64, 256, 4, 4), (16, 128, 128, 4, 5),
@@ -72,13 +73,7 @@ def _int8_scaled_mm(x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # grouped launch order: programs that run together share x and w tiles in L2
     pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows/columns past the edge re-read row/column 0 (wrapped) instead of being masked:

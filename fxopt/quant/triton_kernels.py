@@ -101,6 +101,17 @@ def candidates(m: int, kind: str | None = None, gated: bool = False) -> list[tup
 
 
 @triton.jit
+def grouped_tile(pid, grid_major, grid_minor, GROUP: tl.constexpr):
+    """The (major, minor) tile of program ``pid`` in grouped launch order: programs that
+    run together walk ``GROUP`` major tiles side by side, so they share the minor
+    operand's tiles in L2 (the order of Triton's matmul tutorial)."""
+    per_group = GROUP * grid_minor
+    first = (pid // per_group) * GROUP
+    group_size = min(grid_major - first, GROUP)
+    return first + (pid % per_group) % group_size, (pid % per_group) // group_size
+
+
+@triton.jit
 def _int8_to_f32(w, FAST_CVT: tl.constexpr):
     """int8 -> fp32, exactly. FAST_CVT: 2**23 + 128 + w as an integer has the bits of the
     float 8388736.0 + w (w + 128 fits the low mantissa bits), so an integer add and a
@@ -188,13 +199,7 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP_N * grid_m
-    first_n = (pid // per_group) * GROUP_N
-    group_size = min(grid_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_size
-    pid_m = (pid % per_group) // group_size
+    pid_n, pid_m = grouped_tile(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
