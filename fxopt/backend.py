@@ -232,7 +232,8 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             "training graph: parameters stay inputs" if training else "freeze=False")
         hooks = [VerifyEach(work, [example_inputs[i] for i in keep])] if opts.verify else []
         passes = resolve(opts.pipeline("passes") or [])
-        if freeze_record.changed:  # constant weights: lay convolutions out for cuDNN's tensor cores
+        constant = freeze_record.changed or _traced_frozen(work, training, opts)
+        if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
         report = PassManager(passes, hooks=hooks).run(
             work, training=training, settings={"backend": "fxopt", "level": "torch"})
@@ -246,7 +247,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
     record = CompiledGraph(name, training, frozen, report, work.code)
     if opts.reports is not None:
         opts.reports.append(record)
-    patches = opts.inductor_patches(frozen=bool(frozen), training=training, sink=record.aten_reports)
+    patches = opts.inductor_patches(frozen=constant, training=training, sink=record.aten_reports)
     try:
         compiled = compile_fx(work, [example_inputs[i] for i in keep], config_patches=patches)
     except Exception as exc:
@@ -357,6 +358,15 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
     record.nodes_after = len(graph.nodes)
     record.seconds = time.perf_counter() - start
     return work, keep, record
+
+
+def _traced_frozen(gm: fx.GraphModule, training: bool, opts: BackendOptions) -> bool:
+    """Whether Dynamo already made the weights graph attributes, as it does while the
+    global ``torch._inductor.config.freezing`` (or ``torch._dynamo.config.prepare_freezing``)
+    is set: nothing is left to freeze, but the weights are constants all the same, so the
+    layout passes apply. (Missing this left fused convs with NCHW weights whenever a caller
+    set the global freezing flag.)"""
+    return opts.freeze and not training and any(isinstance(v, torch.nn.Parameter) for v in gm.parameters())
 
 
 def _is_weight(node: fx.Node, value: Any) -> bool:

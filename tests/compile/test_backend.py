@@ -257,3 +257,22 @@ def test_backend_freezing_lowers_like_inductors_own_freezing():
         got = fxopt.compile(model, passes=[], options={"inductor": {"post_grad_custom_post_pass": spy("fxopt")}})(x)
     assert seen["fxopt"] == seen["inductor"]
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("flag", ["inductor_freezing", "prepare_freezing"])
+def test_weights_dynamo_already_froze_still_get_the_layout_passes(flag):
+    """A caller that sets the global freezing flag (as benchmarks of Inductor's freezing
+    do) makes Dynamo trace weights as graph attributes: nothing is left for the backend to
+    freeze, but the weights are constants, so the layout passes still run."""
+    model = ConvNet().eval()
+    reports = []
+    patch = (torch._inductor.config.patch(freezing=True) if flag == "inductor_freezing"
+             else torch._dynamo.config.patch(prepare_freezing=True))
+    with patch:
+        compiled = torch.compile(model, backend="fxopt", options={"reports": reports})
+        assert_equivalent(model, compiled, (torch.randn(2, 3, 8, 8),))
+    (graph,) = reports
+    assert graph.frozen == [] and graph.fallback is None  # Dynamo did the freezing
+    ran = {r.name for _, r in graph.report.walk()}
+    assert {"pad_conv_channels", "channels_last_weights", "fold_conv_bn"} <= ran, ran
+    assert "batch_norm" not in graph.code
