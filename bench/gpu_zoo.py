@@ -1,12 +1,19 @@
 """Model-zoo benchmark of the fxopt torch.compile backend: bf16 inference on one GPU.
 
 For each model, side by side in one process: eager, Inductor, Inductor with
-``freezing=True``, and fxopt + Inductor (``backend="fxopt"``, default inference pipeline).
-Measured: median latency (``triton.testing.do_bench``), compile time (first call, each
-compiled variant with its own fresh Inductor cache directory), time spent in fxopt's
-passes, and numerics (relative L2 error of every variant against an fp32 eager run).
+``freezing=True``, and fxopt + Inductor (``backend="fxopt"``, default inference pipeline);
+optionally more variants (``--variants``): the fxopt backend under the *global* freezing
+flag (as a harness that sets it process-wide runs it), and Inductor's max-autotune.
+Measured, in interleaved rounds so that a drift of the machine hits every variant alike:
+median latency with plain launches (``triton.testing.do_bench`` on the Python call) and,
+with ``--cuda-graphs``, as CUDA-graph replays; each under ``cudnn.benchmark`` off and
+(``--cudnn-benchmark``) on; the CPU time of one call with the GPU idle; compile time (first
+call, each compiled variant with its own fresh Inductor cache directory); time spent in
+fxopt's passes; numerics (relative L2 error of every variant against an fp32 eager run);
+with ``--profile``, the kernels one call launches (torch.profiler).
 
     python bench/gpu_zoo.py --models resnet50,mobilenet_v3_large --out $OUT/zoo_a.json
+    python bench/gpu_zoo.py --layouts channels_last,nchw --cuda-graphs --profile $OUT/prof.txt
     python bench/gpu_zoo.py --tiny          # CPU, stand-in models: checks the script's logic
 
 The table is printed last; the JSON holds every number. Models are built from code
@@ -29,9 +36,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny")
-ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_mlp")
+CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
+ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_decoder", "llama_mlp")
 VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
+#: more variants, by request: see make_variant
+EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
+                  "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn")
 
 
 class GatedMLPStack(nn.Module):
@@ -73,13 +83,17 @@ def build(name: str, tiny: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         if name == "vit_b_16":  # torchvision zero-initializes this head: outputs would all be 0
             nn.init.normal_(model.heads.head.weight, std=0.02)
         return model.eval(), (torch.randn(32, 3, 224, 224),)
-    if name in ("bert_base", "gpt2"):
+    if name in ("bert_base", "gpt2", "llama_decoder"):
         import transformers
 
         if name == "bert_base":
             model = transformers.BertModel(transformers.BertConfig())
-        else:
+        elif name == "gpt2":
             model = transformers.GPT2Model(transformers.GPT2Config())
+        else:  # Llama-shaped: RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP
+            model = transformers.LlamaModel(transformers.LlamaConfig(
+                hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024))
         return HiddenStates(model).eval(), (torch.randint(0, 30000, (16, 256)),)
     if name == "llama_mlp":
         return GatedMLPStack().eval(), (torch.randn(4, 512, 4096) * 0.5,)
@@ -92,7 +106,7 @@ def _build_tiny(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
     if name in CONV_NETS:
         return models.resnet18().eval(), (torch.randn(2, 3, 32, 32),)
-    if name in ("vit_b_16", "bert_base", "gpt2"):
+    if name in ("vit_b_16", "bert_base", "gpt2", "llama_decoder"):
         return models.transformer_encoder().eval(), models.example_inputs("transformer_encoder", batch=2)
     return GatedMLPStack(blocks=2, d=32, hidden=64).eval(), (torch.randn(2, 8, 32),)
 
@@ -114,11 +128,42 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
     if variant == "inductor_freezing":
         return (torch.compile(model, options={"freezing": True}),
                 lambda: torch._inductor.config.patch(freezing=True))
-    if variant in ("fxopt", "fxopt_cudnn"):
+    if variant == "inductor_freezing_1x1_mm":  # Inductor freezing with the flag fxopt sets
+        return (torch.compile(model, options={"freezing": True, "conv_1x1_as_mm": True}),
+                lambda: torch._inductor.config.patch(freezing=True))
+    if variant == "max_autotune":  # Inductor's best, without its CUDA graphs: timed both ways here
+        options = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
+        return (torch.compile(model, options=options),
+                lambda: torch._inductor.config.patch(freezing=True))
+    if variant.startswith("fxopt"):
         stats["reports"] = []
-        compiled = torch.compile(model, backend="fxopt", options={"reports": stats["reports"]})
-        return compiled, (_cudnn_fusions if variant == "fxopt_cudnn" else contextlib.nullcontext)
+        options: dict[str, Any] = {"reports": stats["reports"]}
+        if variant == "fxopt_1x1_mm":  # pointwise convs as matrix products (measured slower)
+            options["inductor"] = {"conv_1x1_as_mm": True}
+        compiled = torch.compile(model, backend="fxopt", options=options)
+        if variant == "fxopt_cudnn":
+            return compiled, _cudnn_fusions
+        if variant == "fxopt_global_freezing":
+            return compiled, lambda: torch._inductor.config.patch(freezing=True)
+        if variant == "fxopt_global_freezing_unfixed":
+            return compiled, _global_freezing_unfixed
+        return compiled, contextlib.nullcontext
     raise ValueError(variant)
+
+
+@contextlib.contextmanager
+def _global_freezing_unfixed():
+    """The global freezing flag with the backend as it was before it noticed weights Dynamo
+    had already frozen: no layout passes (diagnostic of the harness disagreement)."""
+    import fxopt.backend as backend
+
+    saved = backend._traced_frozen
+    backend._traced_frozen = lambda *args: False
+    try:
+        with torch._inductor.config.patch(freezing=True):
+            yield
+    finally:
+        backend._traced_frozen = saved
 
 
 @contextlib.contextmanager
@@ -153,14 +198,63 @@ def bench_ms(fn: Callable, inputs: tuple, device: str, graph: bool = False) -> f
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 fn(*inputs)
-            return do_bench(g.replay, warmup=25, rep=150, return_mode="median")
-        return do_bench(lambda: fn(*inputs), warmup=25, rep=150, return_mode="median")
+            return do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+        return do_bench(lambda: fn(*inputs), warmup=25, rep=100, return_mode="median")
     times = []
     for _ in range(5):
         start = time.perf_counter()
         fn(*inputs)
         times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def cpu_call_ms(fn: Callable, inputs: tuple) -> float:
+    """Median host time of one call started on an idle GPU: the CPU's cost of launching
+    it (Python, guards, dispatch, launches), which plain launches pay when it exceeds the
+    GPU's work."""
+    times = []
+    for _ in range(15):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(*inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def profile_kernels(fn: Callable, inputs: tuple, label: str, sink: str | None) -> dict[str, Any]:
+    """Kernels of one call (torch.profiler): how many, how many are Triton, cuDNN/cuBLAS or
+    layout transposes, and the top ones by GPU time (appended to the text file ``sink``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = 3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    def count(*keys: str) -> float:
+        return sum(any(k in e.name.lower() for k in keys) for e in kernels) / calls
+    stats = {"kernels": len(kernels) / calls, "triton": count("triton"),
+             "layout_transposes": count("nchwtonhwc", "nhwctonchw", "transpose", "convertlayout"),
+             "copies": count("copy", "elementwise_kernel_with_index"),
+             "gpu_us": sum(e.device_time_total for e in kernels) / calls if hasattr(kernels[0], "device_time_total")
+             else sum(e.cuda_time_total for e in kernels) / calls} if kernels else {"kernels": 0}
+    if sink:
+        with open(sink, "a") as f:
+            f.write(f"\n===== {label}: {json.dumps(stats)}\n")
+            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    return stats
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(on: bool):
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
 
 
 @contextlib.contextmanager
@@ -178,21 +272,29 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
 
 
-def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str, Any]:
+def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str) -> dict[str, Any]:
     device, dtype = args.device, args.dtype
     model, inputs = build(name, args.tiny)
     with torch.no_grad(), _no_tf32():
         reference = model.to(device)(*[x.to(device) for x in inputs]).float()  # fp32 eager
     model = model.to(dtype)
     inputs = tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device) for x in inputs)
-    row: dict[str, Any] = {"model": name, "input_shapes": [list(x.shape) for x in inputs]}
-    extra = ("fxopt_cudnn",) if args.cudnn_fusions and name in CONV_NETS else ()
+    if layout == "channels_last":  # model and 4-d inputs, as vision inference usually runs
+        model = model.to(memory_format=torch.channels_last)
+        inputs = tuple(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)
+    row: dict[str, Any] = {"model": name, "layout": layout, "input_shapes": [list(x.shape) for x in inputs]}
+    wanted = [v for v in args.variants.split(",") if v] if args.variants else []
+    extra = [v for v in wanted if v in EXTRA_VARIANTS and (name in CONV_NETS or not v.startswith(("fxopt_cudnn", "fxopt_global_freezing_unfixed")))]
+    if args.autotune_models and name in args.autotune_models.split(",") and "max_autotune" not in extra:
+        extra.append("max_autotune")
+    if args.cudnn_fusions and name in CONV_NETS:
+        extra.append("fxopt_cudnn")
     torch._dynamo.reset()
     compiled: dict[str, tuple[Callable, Callable]] = {}
     for variant in (*VARIANTS, *extra):
         stats: dict[str, Any] = {}
         try:
-            fresh_cache_dir(cache_root, f"{name}-{variant}")
+            fresh_cache_dir(cache_root, f"{name}-{layout}-{variant}")
             fn, context = make_variant(variant, model, stats)
             with torch.no_grad(), context():
                 if device == "cuda":
@@ -220,24 +322,30 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
                                               for _, r in g.report.walk() if r.changed and not r.children})
         row[variant] = entry
     # timed in interleaved rounds: a drift of the machine hits every variant alike
-    samples: dict[str, list[float]] = {v: [] for v in compiled}
-    graph_samples: dict[str, list[float]] = {v: [] for v in compiled}
+    cuda = device == "cuda"
+    settings = [("", False)] + ([("bench_", True)] if args.cudnn_benchmark and cuda else [])
+    samples: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for variant, (fn, context) in compiled.items():
-            with torch.no_grad(), context():
-                samples[variant].append(bench_ms(fn, inputs, device))
-                if args.cuda_graphs and device == "cuda":
-                    graph_samples[variant].append(bench_ms(fn, inputs, device, graph=True))
+            for prefix, flag in settings:
+                with torch.no_grad(), context(), _cudnn_benchmark(flag):
+                    samples.setdefault((variant, prefix + "ms"), []).append(bench_ms(fn, inputs, device))
+                    if args.cuda_graphs and cuda:
+                        samples.setdefault((variant, prefix + "graph_ms"), []).append(
+                            bench_ms(fn, inputs, device, graph=True))
     for variant, (fn, context) in compiled.items():
         with torch.no_grad(), context():
             out = fn(*inputs)  # after the timed runs: a stale or racy result would show
-        times = sorted(samples[variant])
-        row[variant].update(ms=times[len(times) // 2], ms_samples=times,
-                            rel_l2_vs_fp32=rel_l2(out.float(), reference))
-        if graph_samples[variant]:
-            times = sorted(graph_samples[variant])
-            row[variant].update(graph_ms=times[len(times) // 2], graph_ms_samples=times)
-        print(f"[{name}] {variant}: {json.dumps(row[variant])}", flush=True)
+            if cuda:
+                row[variant]["cpu_ms"] = cpu_call_ms(fn, inputs)
+                if args.profile:
+                    row[variant]["profile"] = profile_kernels(fn, inputs, f"{name} {layout} {variant}", args.profile)
+        row[variant]["rel_l2_vs_fp32"] = rel_l2(out.float(), reference)
+        for (v, key), times in samples.items():
+            if v == variant:
+                times = sorted(times)
+                row[variant].update({key: times[len(times) // 2], f"{key}_samples": times})
+        print(f"[{name} {layout}] {variant}: {json.dumps(row[variant])}", flush=True)
     summarize(row)
     return row
 
@@ -245,12 +353,13 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
 def summarize(row: dict[str, Any]) -> None:
     """Ratios and verdicts: fxopt against the better Inductor variant, numerics against eager."""
     fx, ind, frz, eager = (row.get(v, {}) for v in ("fxopt", "inductor", "inductor_freezing", "eager"))
+    for key in ("ms", "graph_ms", "bench_ms", "bench_graph_ms"):
+        best = min((v[key] for v in (ind, frz) if key in v), default=None)
+        if key in fx and best is not None:
+            row[f"{key.replace('ms', 'speedup')}_vs_best_inductor"] = best / fx[key]
+        if key in fx and key in row.get("max_autotune", {}):
+            row[f"{key.replace('ms', 'speedup')}_vs_max_autotune"] = row["max_autotune"][key] / fx[key]
     best = min((v["ms"] for v in (ind, frz) if "ms" in v), default=None)
-    if "ms" in fx and best is not None:
-        row["speedup_vs_best_inductor"] = best / fx["ms"]
-    best_graph = min((v["graph_ms"] for v in (ind, frz) if "graph_ms" in v), default=None)
-    if "graph_ms" in fx and best_graph is not None:
-        row["graph_speedup_vs_best_inductor"] = best_graph / fx["graph_ms"]
     if "ms" in row.get("fxopt_cudnn", {}) and best is not None:
         row["cudnn_speedup_vs_best_inductor"] = best / row["fxopt_cudnn"]["ms"]
     if "pass_s" in fx and "compile_s" in ind:
@@ -264,44 +373,52 @@ def summarize(row: dict[str, Any]) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    def ms(row: dict[str, Any], v: str) -> str:
-        if "ms" not in row.get(v, {}):
-            return "ERR"
-        lo, hi = row[v]["ms_samples"][0], row[v]["ms_samples"][-1]
-        return f"{row[v]['ms']:.3f} ({lo:.2f}-{hi:.2f})"
-
-    def cs(row: dict[str, Any], v: str) -> str:
-        return f"{row[v]['compile_s']:.1f}" if "compile_s" in row.get(v, {}) else "-"
-
-    lines = ["| model | eager ms | inductor ms | ind+freezing ms | fxopt ms | fxopt vs best | "
-             "compile s ind / frz / fxopt | fxopt pass s (% of ind compile) | rel L2 vs fp32 eager / ind / fxopt | numerics |",
-             "|" + "---|" * 10, "(ms: median of the rounds' medians, and the rounds' range)"]
+    """Per model and layout: each variant's median ms (the rounds' range) with plain launches,
+    as CUDA-graph replays, and with cudnn.benchmark on; one call's CPU ms and kernel count."""
+    lines = ["ms: median of the rounds' medians (range over rounds); graph = CUDA-graph replay; "
+             "bench = cudnn.benchmark on; cpu = host ms of one call on an idle GPU; k = kernels per call"]
     for r in rows:
-        err = "/".join(f"{r[v]['rel_l2_vs_fp32']:.2e}" if "rel_l2_vs_fp32" in r.get(v, {}) else "ERR"
-                       for v in ("eager", "inductor", "fxopt"))
-        speed = f"{r['speedup_vs_best_inductor']:.3f}x" if "speedup_vs_best_inductor" in r else "-"
-        share = (f"{r['fxopt']['pass_s']:.2f} ({100 * r['pass_time_vs_inductor_compile']:.1f}%)"
-                 if "pass_time_vs_inductor_compile" in r else "-")
-        ok = {True: "ok", False: "OUT"}.get(r.get("numerics_ok"), "-")
-        lines.append(f"| {r['model']} | {ms(r, 'eager')} | {ms(r, 'inductor')} | {ms(r, 'inductor_freezing')} | "
-                     f"{ms(r, 'fxopt')} | {speed} | {cs(r, 'inductor')} / {cs(r, 'inductor_freezing')} / "
-                     f"{cs(r, 'fxopt')} | {share} | {err} | {ok} |")
-    if any("graph_speedup_vs_best_inductor" in r for r in rows):
-        lines += ["", "CUDA-graph replays (no launch overhead), ms: eager / inductor / ind+freezing / fxopt, "
-                  "fxopt vs best"]
-        for r in rows:
-            each = " / ".join(f"{r[v]['graph_ms']:.3f}" if "graph_ms" in r.get(v, {}) else "-"
-                              for v in ("eager", "inductor", "inductor_freezing", "fxopt"))
-            speed = r.get("graph_speedup_vs_best_inductor")
-            lines.append(f"| {r['model']} | {each} | {f'{speed:.3f}x' if speed else '-'} |")
-    for key, label in (("speedup_vs_best_inductor", "fxopt"),
-                       ("graph_speedup_vs_best_inductor", "fxopt, CUDA-graph replays"),
-                       ("cudnn_speedup_vs_best_inductor", "fxopt, cuDNN fusions kept")):
-        conv = [r[key] for r in rows if r["model"] in CONV_NETS and key in r]
-        if conv:
-            each = ", ".join(f"{r['model']} {r[key]:.3f}x" for r in rows if key in r and r["model"] in CONV_NETS)
-            lines.append(f"conv-net geomean, {label} vs best Inductor: "
-                         f"{math.exp(sum(map(math.log, conv)) / len(conv)):.3f}x ({each})")
+        lines.append(f"\n{r['model']} [{r['layout']}]  fxopt vs best Inductor: plain "
+                     + ", ".join(f"{label} {r[key]:.3f}x" for key, label in (
+                         ("speedup_vs_best_inductor", "launch"), ("graph_speedup_vs_best_inductor", "graph"),
+                         ("bench_speedup_vs_best_inductor", "launch+bench"),
+                         ("bench_graph_speedup_vs_best_inductor", "graph+bench"),
+                         ("speedup_vs_max_autotune", "launch vs max-autotune"),
+                         ("graph_speedup_vs_max_autotune", "graph vs max-autotune")) if key in r)
+                     + f"; numerics {({True: 'ok', False: 'OUT'}).get(r.get('numerics_ok'), '-')}")
+        for variant, v in r.items():
+            if not isinstance(v, dict) or variant == "profile":
+                continue
+            if "error" in v:
+                lines.append(f"  {variant:32s} ERROR {v['error'][:200]}")
+                continue
+            cells = []
+            for key in ("ms", "graph_ms", "bench_ms", "bench_graph_ms"):
+                if key in v:
+                    lo, hi = v[f"{key}_samples"][0], v[f"{key}_samples"][-1]
+                    cells.append(f"{key[:-3] or 'plain'} {v[key]:.3f} ({lo:.3f}-{hi:.3f})")
+            if "cpu_ms" in v:
+                cells.append(f"cpu {v['cpu_ms']:.3f}")
+            if "profile" in v:
+                cells.append(f"k {v['profile'].get('kernels', 0):.0f} (triton {v['profile'].get('triton', 0):.0f}, "
+                             f"transposes {v['profile'].get('layout_transposes', 0):.0f})")
+            if "compile_s" in v:
+                cells.append(f"compile {v['compile_s']:.1f}s")
+            if "pass_s" in v:
+                cells.append(f"passes {v['pass_s']:.2f}s")
+            if "rel_l2_vs_fp32" in v:
+                cells.append(f"relL2 {v['rel_l2_vs_fp32']:.1e}")
+            lines.append(f"  {variant:32s} " + " | ".join(cells))
+    for layout in sorted({r["layout"] for r in rows}):
+        for key, label in (("speedup_vs_best_inductor", "plain launches"),
+                           ("graph_speedup_vs_best_inductor", "CUDA-graph replays"),
+                           ("bench_speedup_vs_best_inductor", "plain launches, cudnn.benchmark"),
+                           ("bench_graph_speedup_vs_best_inductor", "CUDA graphs, cudnn.benchmark")):
+            conv = [r for r in rows if r["model"] in CONV_NETS and key in r and r["layout"] == layout]
+            if conv:
+                each = ", ".join(f"{r['model']} {r[key]:.3f}x" for r in conv)
+                geo = math.exp(sum(math.log(r[key]) for r in conv) / len(conv))
+                lines.append(f"conv geomean [{layout}], fxopt vs best Inductor, {label}: {geo:.3f}x ({each})")
     return "\n".join(lines)
 
 
@@ -310,11 +427,18 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(ALL_MODELS))
     parser.add_argument("--tiny", action="store_true", help="CPU stand-ins: check the script's logic")
     parser.add_argument("--out", default=None, help="JSON file for all numbers")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--layouts", default="channels_last",
+                        help="comma-separated memory formats of conv-net models and inputs: channels_last, nchw")
+    parser.add_argument("--variants", default="", help=f"extra variants: {', '.join(EXTRA_VARIANTS)}")
+    parser.add_argument("--autotune-models", default="", help="models that also get mode=max-autotune")
     parser.add_argument("--cudnn-fusions", action="store_true",
                         help="also time conv nets with fxopt's fused cuDNN conv ops kept whole")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also time every variant as CUDA-graph replays (the GPU's work alone)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="also time every variant with torch.backends.cudnn.benchmark on")
+    parser.add_argument("--profile", default=None, help="text file for torch.profiler tables of one call each")
     parser.add_argument("--budget-s", type=float, default=540, help="skip models once this is spent")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny else "cuda"
@@ -322,16 +446,20 @@ def main() -> None:
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "dtype": str(args.dtype)}
+            "dtype": str(args.dtype),
+            "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
+    if args.device == "cuda":
+        meta.update(cudnn=torch.backends.cudnn.version(), triton=__import__("triton").__version__)
     cache_root = tempfile.mkdtemp(prefix="fxopt_zoo_")
     for name in args.models.split(","):
-        if time.perf_counter() - started > args.budget_s:
-            print(f"[{name}] skipped: time budget of {args.budget_s:.0f}s spent", flush=True)
-            continue
-        rows.append(run_model(name, args, cache_root))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        for layout in (args.layouts.split(",") if name in CONV_NETS else ["-"]):
+            if time.perf_counter() - started > args.budget_s:
+                print(f"[{name} {layout}] skipped: time budget of {args.budget_s:.0f}s spent", flush=True)
+                continue
+            rows.append(run_model(name, args, cache_root, layout))
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
     print(table(rows))
 

@@ -267,6 +267,24 @@ def _register_cudnn_meta_kernels() -> bool:
     return True
 
 
+def inductor_lowers_as_mm(weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                          dilation: Sequence[int]) -> bool:
+    """Whether Inductor, as configured now, lowers this convolution as a matrix product.
+
+    With ``conv_1x1_as_mm`` (a user's Inductor option, or implied by max-autotune on
+    channels-last convolutions) Inductor turns a 1x1, stride-1, unpadded convolution into
+    ``mm`` on the channels-last activations; a fused conv op kept as one cuDNN call would
+    take that choice away, so it decomposes instead. The backend does not set the option:
+    on an H100 it made resnet50 / mobilenet_v3 1.20x / 1.10x slower on the GPU than cuDNN's
+    fused kernels (bench/RESULTS.md, "Session 3"). Read at decomposition time, inside
+    Inductor's config.
+    """
+    from torch._inductor import config
+
+    return (bool(getattr(config, "conv_1x1_as_mm", False)) and all(k == 1 for k in weight.shape[2:])
+            and all(s == 1 for s in stride) and not any(padding) and all(d == 1 for d in dilation))
+
+
 _KEEP_ALIVE: list[torch.library.Library] = []  # a Library's registrations die with it
 
 
@@ -280,7 +298,8 @@ def _register_inductor_decompositions() -> None:
     CUDA implementation, 45.5 us of CPU per call against 32.5 us for the ATen op on an
     H100 host, at ~50 convolutions per forward (bench/RESULTS.md, "Session 2").
     Grouped (depthwise) convolutions are left to Inductor: cuDNN picks a slow direct kernel
-    for them when fused.
+    for them when fused. So are pointwise (1x1) convolutions whenever Inductor is set to
+    lower those as matrix products: see :func:`inductor_lowers_as_mm`.
     """
     try:
         from torch._inductor.decomposition import register_decomposition
@@ -303,13 +322,14 @@ def _register_inductor_decompositions() -> None:
 
     @register_decomposition(torch.ops.fxopt.conv_bias_relu.default)
     def _conv_bias_relu(x, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
-        if keep_cudnn(x, weight, bias, groups):
+        if keep_cudnn(x, weight, bias, groups) and not inductor_lowers_as_mm(weight, stride, padding, dilation):
             return aten.cudnn_convolution_relu.default(x, weight, bias, stride, padding, dilation, groups)
         return conv_bias_relu_reference(x, weight, bias, stride, padding, dilation, groups)
 
     @register_decomposition(torch.ops.fxopt.conv_bias_add_relu.default)
     def _conv_bias_add_relu(x, weight, bias, z, alpha, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
         if (keep_cudnn(x, weight, bias, groups, z)
+                and not inductor_lowers_as_mm(weight, stride, padding, dilation)
                 and tuple(z.shape) == conv_bias_relu_fake_shape(x, weight, stride, padding, dilation)):
             return aten.cudnn_convolution_add_relu.default(x, weight, z, alpha, bias, stride, padding,
                                                            dilation, groups)

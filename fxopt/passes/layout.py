@@ -12,10 +12,12 @@ backend runs both on frozen CUDA graphs. Values are unchanged.
   fxopt's fused conv ops are external kernels to Inductor, so their weights stayed NCHW
   and every one of them paid cuDNN's layout transposes.
 - ``pad_conv_channels`` zero-pads the input channels of a convolution with fewer than 8
-  of them (the RGB stem of every vision model) to 8, in the weight and in the input. With
-  3 channels cuDNN falls back to a slow non-tensor-core kernel: on an H100 that one stem
-  convolution took 18% of resnet50's GPU time (bench/RESULTS.md). The padded channels
-  multiply zeros by zeros, so the sum is unchanged.
+  of them (the RGB stem of every vision model) to 8, in the weight and in the input, for
+  small kernels only. The padded channels multiply zeros by zeros, so the sum is
+  unchanged. Measured on an H100 (bf16, batch 32, bench/RESULTS.md "Session 3"), padding
+  pays for 3x3 stems (mobilenet_v3 63 -> 54 us) but not for resnet50's 7x7 stride-2 stem,
+  which it made 1.7x slower (239 -> 410 us, 11% of the network): the 8/3 times larger
+  reduction outweighs the better kernel. Hence ``max_kernel_area`` (default 16).
 """
 
 from __future__ import annotations
@@ -101,12 +103,16 @@ class PadConvChannels(ConstantConvWeightPass):
     """Zero-pad the input channels of ungrouped convolutions with fewer than 8 to 8."""
 
     name = "pad_conv_channels"
+    options: ClassVar = {
+        **ConstantConvWeightPass.options,
+        "max_kernel_area": Option(int, 16, "pad only kernels of at most this many taps (kh*kw)"),
+    }
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         padded = 0
         for conv, weight, value in self.convolutions(gm):
-            if len(conv.args) < 2:  # input and weight given by keyword: leave it be
-                continue
+            if len(conv.args) < 2 or value.shape[2] * value.shape[3] > self.options["max_kernel_area"]:
+                continue  # input and weight given by keyword, or a kernel too large to pay
             x = conv.args[0]
             # the shapes a capture recorded, no propagation: a graph with an op that has no
             # fake impl must not fail here (the stem's input is nearly always a graph input)

@@ -276,3 +276,22 @@ def test_weights_dynamo_already_froze_still_get_the_layout_passes(flag):
     ran = {r.name for _, r in graph.report.walk()}
     assert {"pad_conv_channels", "channels_last_weights", "fold_conv_bn"} <= ran, ran
     assert "batch_norm" not in graph.code
+
+
+def test_fused_convs_leave_pointwise_convolutions_to_inductor_when_it_lowers_them_as_mm():
+    """With Inductor's ``conv_1x1_as_mm`` (a user's option) a fused 1x1 conv decomposes, so
+    Inductor can make it a matrix product; otherwise it may stay one cuDNN call."""
+    from fxopt.backend import BackendOptions
+    from fxopt.fused_ops import inductor_lowers_as_mm
+
+    user = BackendOptions(inductor={"conv_1x1_as_mm": True})
+    assert user.inductor_patches(frozen=True, training=False)["conv_1x1_as_mm"] is True
+
+    pointwise, spatial = torch.empty(8, 4, 1, 1), torch.empty(8, 4, 3, 3)
+    one, zero = [1, 1], [0, 0]
+    with torch._inductor.config.patch(conv_1x1_as_mm=True):
+        assert inductor_lowers_as_mm(pointwise, one, zero, one)
+        assert not inductor_lowers_as_mm(spatial, one, one, one)
+        assert not inductor_lowers_as_mm(pointwise, [2, 2], zero, one)  # strided: not a plain mm
+    with torch._inductor.config.patch(conv_1x1_as_mm=False):
+        assert not inductor_lowers_as_mm(pointwise, one, zero, one)

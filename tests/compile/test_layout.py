@@ -68,7 +68,8 @@ def test_rgb_convolutions_are_padded_to_eight_channels():
     model = Stem().eval()
     x = torch.randn(2, 3, 16, 16)
     gm = make_fx(model)(x)
-    out = fxopt.optimize(gm, passes=["pad_conv_channels{device=cpu,dtypes=all}"], example_inputs=(x,))
+    passes = ["pad_conv_channels{device=cpu,dtypes=all,max_kernel_area=49}"]  # the stem is 7x7
+    out = fxopt.optimize(gm, passes=passes, example_inputs=(x,))
 
     weights = _conv_weights(out)
     assert [tuple(w.shape[:2]) for w in weights] == [(8, 8), (8, 2), (4, 8)]  # only the RGB conv
@@ -79,3 +80,14 @@ def test_rgb_convolutions_are_padded_to_eight_channels():
         x = torch.randn(2, 3, 16, 16)
         torch.testing.assert_close(out(x), model(x))
     assert model.rgb.weight.shape == (8, 3, 7, 7)
+
+
+def test_large_stems_are_left_unpadded_by_default():
+    """A 7x7 stem (resnet50's) ran slower padded on an H100: by default only kernels of at
+    most 16 taps are padded."""
+    model = Stem().eval()
+    x = torch.randn(2, 3, 16, 16)
+    out = fxopt.optimize(make_fx(model)(x), passes=["pad_conv_channels{device=cpu,dtypes=all}"],
+                         example_inputs=(x,))
+    assert [tuple(w.shape[:2]) for w in _conv_weights(out)] == [(8, 3), (8, 2), (4, 8)]
+    torch.testing.assert_close(out(x), model(x))
