@@ -64,17 +64,27 @@ def _functional_linear(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
     _linear_with(weight, bias)(args[:1], {}, out)
 
 
-def _batch_norm_with(bn: nn.modules.batchnorm._BatchNorm) -> Kernel:
-    """Eval-mode batch norm through ``native_batch_norm.out`` (CPU: the kernel F.batch_norm runs)."""
-    # the (unused, eval-mode) statistics outputs are float32 for reduced-precision inputs
-    stats = bn.running_mean.dtype
-    stats = torch.float32 if stats in (torch.float16, torch.bfloat16) else stats
-    empty = torch.empty(0, device=bn.running_mean.device, dtype=stats)
+def _batch_norm_with(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype) -> Kernel:
+    """Eval-mode batch norm through ``native_batch_norm.out`` (the kernel F.batch_norm runs on CPU).
+
+    ``save_mean`` and ``save_invstd`` must be two tensors, made once here so the run
+    allocates nothing. On CUDA the eval path writes the running mean into ``save_mean``
+    and ``1/sqrt(var + eps)`` into ``save_invstd`` (per channel, in the accumulation
+    type: float32 for half inputs), then normalizes with those two: given one tensor for
+    both, it normalized with ``x - invstd`` (the wrong result of the CUDA arena runs). On
+    CPU the eval path leaves them empty and wants them in the input's dtype.
+    """
+    device = bn.running_mean.device
+    if device.type == "cuda":
+        stats = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        save_mean, save_invstd = (torch.empty(bn.num_features, device=device, dtype=stats) for _ in range(2))
+    else:
+        save_mean, save_invstd = (torch.empty(0, device=device, dtype=dtype) for _ in range(2))
 
     def run(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
         torch.ops.aten.native_batch_norm.out(args[0], bn.weight, bn.bias, bn.running_mean,
                                              bn.running_var, False, 0.0, bn.eps, out=out,
-                                             save_mean=empty, save_invstd=empty)
+                                             save_mean=save_mean, save_invstd=save_invstd)
     return run
 
 
@@ -185,7 +195,7 @@ class ArenaRunner:
                 return _global_avg_pool
             if (isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and not mod.training
                     and mod.running_mean is not None):
-                return _batch_norm_with(mod)
+                return _batch_norm_with(mod, node.meta["val"].dtype)
         return None
 
     def _prepare(self, node: fx.Node) -> None:

@@ -290,3 +290,38 @@ def test_arena_run_with_scalar_first_operands_and_broadcasts():
     fresh = (torch.randn(4, 6), torch.randn(6))
     assert torch.equal(runner(*fresh), model(*fresh))
     assert "sub" in runner.unplanned
+
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_arena_batch_norm_matches_eager(device, dtype):
+    """Eval batch norm runs in the arena in every dtype, normalizing with its own statistics.
+
+    Statistics away from 0 and 1: taking one of them for the other must show. (On CUDA one
+    shared ``save_mean``/``save_invstd`` tensor made the mean the invstd; on CPU a float32
+    one failed for bfloat16 inputs.) CUDA eager runs cuDNN's kernel, the arena ATen's: equal
+    within the dtype's rounding, not bitwise.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4))
+    with torch.no_grad():
+        for bn in (model[1], model[4]):
+            bn.running_mean.uniform_(-2, 2)
+            bn.running_var.uniform_(0.25, 4)
+            bn.weight.uniform_(0.5, 2)
+            bn.bias.uniform_(-1, 1)
+    model = model.eval().to(device, dtype)
+    x = torch.randn(2, 3, 12, 12, device=device, dtype=dtype)
+    gm = fxopt.optimize(fx.symbolic_trace(model), passes=["inplace", "plan_memory"], example_inputs=(x,))
+    runner = ArenaRunner(gm)
+    norms = [n.name for n in gm.graph.nodes
+             if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.BatchNorm2d)]
+    assert norms[0] in runner.planned  # the last one is the graph's output: left to torch
+    fresh = torch.randn(2, 3, 12, 12, device=device, dtype=dtype)
+    with torch.no_grad():
+        expected = model(fresh)
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+    torch.testing.assert_close(runner(fresh), expected, **tolerance)
