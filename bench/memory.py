@@ -137,6 +137,10 @@ def bench_model(name: str, model: torch.nn.Module, inputs, device: str, trace=fx
     same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(reference),
                                                   torch.utils._pytree.tree_leaves(got)))
     row["arena_bitwise"] = same
+    row["arena_rel_l2"] = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(reference)))
+    row["predicted_peak_MB"] = runner.predicted_peak / 1e6
+    row["predicted_unplanned_peak_MB"] = runner.predicted_unplanned_peak / 1e6
     if not same:
         row["arena_max_err"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(
             torch.utils._pytree.tree_leaves(reference), torch.utils._pytree.tree_leaves(got)))
@@ -273,7 +277,7 @@ def main() -> None:
     print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
                                      "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
     print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
-                                     "peak_eager/bound", "peak_fx/bound", "peak_planned/bound",
+                                     "arena_rel_l2", "peak_eager/bound", "peak_fx/bound", "peak_planned/bound",
                                      "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
     print(json.dumps(results["scaling"]))
     if args.minimalloc:

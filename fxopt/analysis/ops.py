@@ -299,7 +299,8 @@ def _aten_packet_facts(name: str) -> OpFacts | None:
     found: list[OpFacts] = []
     for overload_name in packet.overloads():
         op = getattr(packet, overload_name)
-        if torch.Tag.out in getattr(op, "tags", ()) or overload_name.startswith("out"):
+        # torch 2.11 has no Tag.out: the schema's out arguments say it on every version
+        if overload_name.startswith("out") or any(a.is_out for a in op._schema.arguments):
             continue
         f = _overload_facts(op)
         if f is None:

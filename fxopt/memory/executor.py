@@ -3,7 +3,8 @@
 Every planned node writes its result into its arena slice through an ``out=`` kernel
 that allocates nothing on the side. Not every op has one: ``relu.out`` and
 ``convolution.out`` compute into a temporary and copy (so ``relu`` runs as
-``clamp_min(x, 0, out=...)``, bit for bit the same), and convolution, batch norm or a
+``clamp_min(x, 0, out=...)``, bit for bit the same, and a CUDA convolution as
+``cudnn_convolution.out`` plus its bias), and a CPU convolution, layer norm or a
 user's module have none at all. Such nodes fall back, one by one, to running as usual
 (torch's allocator gives them memory); :attr:`ArenaRunner.unplanned` lists each with
 the reason. Views and in-place ops need no memory of their own: they act on whatever
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from fxopt.errors import FxoptError
 from fxopt.memory.plan import PLAN_KEY, MemoryPlan, Slot
-from fxopt.memory.problem import Buffer
+from fxopt.memory.problem import Buffer, lower_bound
 from fxopt.memory.solver import solve
 
 Kernel = Callable[[tuple, dict, torch.Tensor], None]
@@ -88,6 +89,39 @@ def _batch_norm_with(bn: nn.modules.batchnorm._BatchNorm, dtype: torch.dtype) ->
     return run
 
 
+def _cudnn_conv_with(conv: nn.Conv2d) -> Kernel:
+    """A CUDA convolution through ``cudnn_convolution.out``, a real out= kernel (cuDNN writes
+    the result in place; its workspace is a temporary, as in eager), then the bias added in
+    place: the two steps eager's ``aten.convolution`` takes on the cuDNN backend."""
+    padding, stride, dilation = list(conv.padding), list(conv.stride), list(conv.dilation)
+    bias = None if conv.bias is None else conv.bias.view(1, -1, 1, 1)
+
+    def run(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        cudnn = torch.backends.cudnn
+        torch.ops.aten.cudnn_convolution.out(args[0], conv.weight, padding, stride, dilation, conv.groups,
+                                             cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, out=out)
+        if bias is not None:
+            out.add_(bias)
+    return run
+
+
+def _cudnn_can_write(conv: nn.Module, node: fx.Node) -> bool:
+    """Whether ``conv`` runs as :func:`_cudnn_conv_with` into ``node``'s planned layout
+    without a copy: a plain 2-d CUDA convolution in a cuDNN dtype whose input, weight and
+    output share one memory format (else cuDNN would copy them to make them agree)."""
+    if not (type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple)
+            and conv.weight.is_cuda and torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+            and conv.weight.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+        return False
+    x, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor) and x.dim() == 4 and not node.kwargs):
+        return False
+    last = torch.channels_last
+    fmt = last if (x.is_contiguous(memory_format=last) and not x.is_contiguous()) or (
+        conv.weight.is_contiguous(memory_format=last) and not conv.weight.is_contiguous()) else torch.contiguous_format
+    return all(t.is_contiguous(memory_format=fmt) for t in (x, conv.weight, out))
+
+
 def _global_avg_pool(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
     torch.mean(args[0], (-1, -2), keepdim=True, out=out)  # what adaptive_avg_pool2d(.., 1) runs
 
@@ -119,7 +153,11 @@ class ArenaRunner:
 
     Call it like the GraphModule. ``unplanned`` maps node names to why they run outside
     the arena; ``planned`` lists the nodes that write into it; ``arena_bytes`` is the
-    arena actually allocated (the plan's buffers that some node writes, placed again).
+    arena actually allocated (the plan's buffers that some node writes and that lower
+    the peak, placed again). ``predicted_peak`` and ``predicted_unplanned_peak`` are the
+    peak bytes of the run with and without the arena, by the plan's lifetimes (outputs and
+    unplanned storages aside, which both runs hold alike; torch's temporaries inside an op
+    aside too).
     """
 
     def __init__(self, gm: fx.GraphModule, plan: MemoryPlan | None = None,
@@ -141,18 +179,38 @@ class ArenaRunner:
             self._prepare(node)
 
     def _replan(self, gm: fx.GraphModule, plan: MemoryPlan) -> dict[str, Slot]:
-        """The plan without the buffers no node can write into: those run outside anyway.
+        """The plan without the buffers that would not lower the run's peak.
 
-        A buffer stays if some storage in it has a producer that writes into the arena
-        (an ``out=`` kernel, a ``cat``, or a slice of a ``cat``); the kept buffers are
-        placed again, so the arena holds only memory the run really uses.
+        A buffer can go into the arena if some storage in it has a producer that writes
+        there (an ``out=`` kernel, a ``cat``, or a slice of a ``cat``); the others are
+        allocated by torch while the run goes. The arena is held for the whole run, so
+        keeping a buffer in it pays only if it does not raise the predicted peak, arena
+        plus the most bytes torch holds at one time: with most of a graph outside the
+        arena, its slices sit idle while the outside buffers peak. Writable buffers are
+        dropped, largest first, while that lowers the prediction, and none are kept if
+        running without an arena is predicted lower still; the kept ones are placed again.
         """
-        keep = sorted({plan.slots[n.name].buffer for n in gm.graph.nodes
-                       if n.name in plan.slots and plan.slots[n.name].owner and self._writes_arena(n)})
-        buffers = [Buffer(plan.buffers[i].name, plan.buffers[i].start, plan.buffers[i].end,
-                          plan.buffers[i].size) for i in keep]
-        solution = solve(buffers, time_limit=0.2)
-        moved = {i: new - plan.buffers[i].offset for i, new in zip(keep, solution.offsets)}
+        writable = {plan.slots[n.name].buffer for n in gm.graph.nodes
+                    if n.name in plan.slots and plan.slots[n.name].owner and self._writes_arena(n)}
+        buffers = plan.buffers
+        self.predicted_unplanned_peak = lower_bound(buffers)
+
+        def peak(kept: set[int]) -> int:
+            arena = solve([buffers[i] for i in sorted(kept)], time_limit=0.02).arena
+            return arena + lower_bound(b for i, b in enumerate(buffers) if i not in kept)
+
+        keep, best = set(writable), peak(writable)
+        for i in sorted(writable, key=lambda i: -buffers[i].size):
+            if (candidate := peak(keep - {i})) < best:
+                keep, best = keep - {i}, candidate
+        if best > self.predicted_unplanned_peak:
+            keep, best = set(), self.predicted_unplanned_peak
+        self.predicted_peak = best
+        self.dropped = writable - keep
+        kept = sorted(keep)
+        solution = solve([Buffer(buffers[i].name, buffers[i].start, buffers[i].end, buffers[i].size)
+                          for i in kept], time_limit=0.2)
+        moved = {i: new - buffers[i].offset for i, new in zip(kept, solution.offsets)}
         return {name: Slot(slot.offset + moved[slot.buffer], slot.size, slot.owner, slot.hosted, slot.buffer)
                 for name, slot in plan.slots.items() if slot.buffer in moved}
 
@@ -187,6 +245,8 @@ class ArenaRunner:
             return _METHOD_KERNELS.get(node.target)
         if node.op == "call_module":
             mod = self.gm.get_submodule(node.target)
+            if _cudnn_can_write(mod, node):
+                return _cudnn_conv_with(mod)
             if type(mod) is nn.Linear:
                 return _linear_with(mod.weight, mod.bias)
             if type(mod) is nn.ReLU and not mod.inplace:
@@ -204,7 +264,10 @@ class ArenaRunner:
         if not self.plan.slots[node.name].owner:
             return  # a view or an in-place op: it acts on its base, wherever that is
         if node.name not in self.slots:
-            self.unplanned[node.name] = f"no allocation-free out= kernel for {_describe(node)}"
+            self.unplanned[node.name] = (
+                "outside the arena: keeping it there would raise the predicted peak"
+                if self.plan.slots[node.name].buffer in self.dropped
+                else f"no allocation-free out= kernel for {_describe(node)}")
             return
         out = self._view(node)
         if node.op == "call_function" and node.target in _CATS:
@@ -250,6 +313,8 @@ class ArenaRunner:
 
     def __call__(self, *inputs: Any) -> Any:
         with torch.no_grad():
+            if not self.steps:  # no arena: the GraphModule's own code holds no interpreter state
+                return self.gm(*inputs)
             return _ArenaInterpreter(self).run(*inputs)
 
 
