@@ -195,8 +195,20 @@ class ArenaRunner:
         buffers = plan.buffers
         self.predicted_unplanned_peak = lower_bound(buffers)
 
+        def place(kept: set[int], seconds: float) -> dict[int, int]:
+            """Offsets for the kept buffers: the plan's own (valid for any subset, optimal
+            for all of them) or a placement of the subset alone, whichever is smaller."""
+            order = sorted(kept)
+            solution = solve([Buffer(buffers[i].name, buffers[i].start, buffers[i].end, buffers[i].size)
+                              for i in order], time_limit=seconds)
+            own = max((buffers[i].offset + buffers[i].size for i in order), default=0)
+            if own <= solution.arena:
+                return {i: buffers[i].offset for i in order}
+            return dict(zip(order, solution.offsets))
+
         def peak(kept: set[int]) -> int:
-            arena = solve([buffers[i] for i in sorted(kept)], time_limit=0.02).arena
+            offsets = place(kept, 0.02)
+            arena = max((offsets[i] + buffers[i].size for i in kept), default=0)
             return arena + lower_bound(b for i, b in enumerate(buffers) if i not in kept)
 
         keep, best = set(writable), peak(writable)
@@ -207,10 +219,7 @@ class ArenaRunner:
             keep, best = set(), self.predicted_unplanned_peak
         self.predicted_peak = best
         self.dropped = writable - keep
-        kept = sorted(keep)
-        solution = solve([Buffer(buffers[i].name, buffers[i].start, buffers[i].end, buffers[i].size)
-                          for i in kept], time_limit=0.2)
-        moved = {i: new - buffers[i].offset for i, new in zip(kept, solution.offsets)}
+        moved = {i: new - buffers[i].offset for i, new in place(keep, 0.2).items()}
         return {name: Slot(slot.offset + moved[slot.buffer], slot.size, slot.owner, slot.hosted, slot.buffer)
                 for name, slot in plan.slots.items() if slot.buffer in moved}
 
