@@ -1,6 +1,9 @@
 """Fixtures for the visualize tests: the Graphviz renderer and a headless Chromium.
 
-Chromium is found, or installed with apt-get on CI.
+Chromium is found, or installed with apt-get on CI. The interactive report tests drive
+it through playwright (the [test] extra), which never installs anything: they use
+playwright's own browser (``playwright install chromium``) or a system Chromium, and
+skip, saying so, when neither is there.
 
 CI runs as root on a fresh Debian machine, so the set-up installs Debian's ``chromium``
 package once (under a file lock: two xdist workers may ask at the same time). Elsewhere
@@ -108,3 +111,22 @@ def renderer() -> str:
     from fxopt.visualize import find_renderer
 
     return find_renderer()
+
+
+@pytest.fixture(scope="session")
+def playwright_browser():
+    """A headless Chromium driven by playwright: its own build, else a system Chromium."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                   "(it comes with the [test] extra)")
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch()
+        except sync_api.Error as exc:
+            system = _which()
+            if system is None:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                pytest.skip(f"no browser for playwright ({first}): run `.venv/bin/playwright install "
+                            "chromium`, or install Chromium (Debian: apt-get install chromium)")
+            browser = p.chromium.launch(executable_path=system)
+        yield browser
+        browser.close()
