@@ -29,10 +29,6 @@ def resnet() -> fx.GraphModule:
     return fxopt.optimize(torch.export.export(model, inputs), passes=PIPELINE, example_inputs=inputs)
 
 
-def record(gm: fx.GraphModule, name: str):
-    return next(r for _, r in fxopt.report_of(gm).walk() if r.name == name)
-
-
 def truth(gm: fx.GraphModule, name: str) -> tuple[set[str], set[str], int]:
     """Names of the nodes pass ``name`` erased and created (by Node identity: the snapshot
     holds the very objects of the graph before it), and the size of before ∪ after."""
