@@ -161,6 +161,11 @@ def _bump(x, s=1.0):
 _LIB.impl("bump", _bump, "CPU")
 _LIB.impl("bump.scaled", _bump, "CPU")
 _LIB.impl("jitter", lambda x: x + torch.rand_like(x), "CPU")
+# returns its input although its schema says nothing of aliasing; its fake says "fresh"
+_LIB.define("passthrough(Tensor x) -> Tensor")
+_LIB.impl("passthrough", lambda x: x, "CPU")
+torch.library.register_fake("fxopt_test_facts::passthrough", lambda x: torch.empty_like(x),
+                            lib=_LIB)
 
 
 class CustomOps(nn.Module):
@@ -285,6 +290,18 @@ def test_inplace_guards_the_dtypes_it_specialized_for():
     torch.testing.assert_close(gm(x.clone()), model(x))
     with pytest.raises(fxopt.InputError, match=r"'x' is torch.float16.*'inplace'.*float32"):
         gm(x.half())
+
+
+class ThroughUnknown(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(torch.ops.fxopt_test_facts.passthrough.default(x))
+
+
+def test_inplace_never_writes_through_an_unknown_op_into_the_callers_input():
+    model = ThroughUnknown()
+    x = torch.randn(6)
+    gm = fxopt.optimize(fx.symbolic_trace(model), passes=["inplace"], example_inputs=(x,))
+    assert_same_effects(model, gm, x)
 
 
 # --- facts at ATen level agree with torch-level ----------------------------------------------
