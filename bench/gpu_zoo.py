@@ -41,7 +41,8 @@ ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_decoder", "lla
 VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
 #: more variants, by request: see make_variant
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
-                  "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn")
+                  "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
+                  "inductor_freezing_cpp_wrapper")
 
 
 class GatedMLPStack(nn.Module):
@@ -131,6 +132,9 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
     if variant == "inductor_freezing_1x1_mm":  # Inductor freezing with the flag fxopt sets
         return (torch.compile(model, options={"freezing": True, "conv_1x1_as_mm": True}),
                 lambda: torch._inductor.config.patch(freezing=True))
+    if variant == "inductor_freezing_cpp_wrapper":  # Inductor's C++ wrapper: less host time per launch
+        return (torch.compile(model, options={"freezing": True, "cpp_wrapper": True}),
+                lambda: torch._inductor.config.patch(freezing=True))
     if variant == "max_autotune":  # Inductor's best, without its CUDA graphs: timed both ways here
         options = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
         return (torch.compile(model, options=options),
@@ -140,6 +144,8 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
         options: dict[str, Any] = {"reports": stats["reports"]}
         if variant == "fxopt_1x1_mm":  # pointwise convs as matrix products (measured slower)
             options["inductor"] = {"conv_1x1_as_mm": True}
+        if variant == "fxopt_cpp_wrapper":
+            options["inductor"] = {"cpp_wrapper": True}
         compiled = torch.compile(model, backend="fxopt", options=options)
         if variant == "fxopt_cudnn":
             return compiled, _cudnn_fusions

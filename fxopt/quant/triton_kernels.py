@@ -35,6 +35,8 @@ This module imports triton: it is loaded only by the CUDA implementation of
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import statistics
 from dataclasses import dataclass
 
@@ -42,6 +44,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from fxopt.quant import tuning_cache
+
+_log = logging.getLogger(__name__)
 
 #: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
 #: the tensor-core tile's do not; at M = 4 it was 1.7x slower on an H100)
@@ -291,7 +297,9 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
                  kind: str | None = None, gated: bool = False) -> tuple[str, Config]:
     """The fastest of :func:`candidates` for this (M bucket, N, K, dtypes, kernel choice),
     timed on the first call with these operands (:func:`_time_ms`): every candidate
-    briefly, then the four fastest again for longer. The first call must not be inside a
+    briefly, then the four fastest again for longer. The winner is kept on disk
+    (:mod:`fxopt.quant.tuning_cache`): a later process on the same GPU and software skips
+    the timing. The first call must not be inside a
     CUDA graph capture. On CPU tensors (Triton's interpreter, in tests) the first
     candidate, untimed."""
     m, k = x2d.shape
@@ -301,6 +309,22 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
         if not x2d.is_cuda:
             _TUNED[key] = found[0]
             return found[0]
+
+        machine = (f"{torch.cuda.get_device_name(x2d.device)}|triton {triton.__version__}"
+                   f"|torch {torch.__version__}")
+        disk_key = tuning_cache.entry_key(machine, key)
+        cached = tuning_cache.lookup(disk_key)
+        if cached is not None:
+            try:
+                kind_config = cached[0], Config(**cached[1])
+            except TypeError:  # fields of an older Config
+                kind_config = None
+            if kind_config in found:
+                _TUNED[key] = kind_config
+                return kind_config
+        _log.warning("fxopt: tuning the int8 kernel for M <= %d, N=%d, K=%d, %s: %d candidates "
+                     "(once per shape on this machine; cached in %s)", key[0], key[1], k,
+                     x2d.dtype, len(found), tuning_cache.cache_path())
 
         def timed(kind_config: tuple[str, Config], reps: int) -> float:
             return _time_ms(lambda: run_int8(*kind_config, x2d, w, scale, bias, y, gated), x2d.device, reps)
@@ -315,6 +339,7 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
         for kind_config in finalists:
             times[kind_config] = timed(kind_config, 100)
         _TUNED[key] = min(finalists, key=times.get)
+        tuning_cache.store(disk_key, _TUNED[key][0], dataclasses.asdict(_TUNED[key][1]))
     return _TUNED[key]
 
 

@@ -1,0 +1,121 @@
+"""int8 weight-only decode: first-call time with and without the on-disk tuning cache, and
+plain-launch (no CUDA graph) speed against bf16 + freezing, side by side in one process.
+
+    python3 bench/quant_first_call.py --ms 1,16,256          # needs a CUDA GPU
+
+Model: bench/quant_gpu.py's Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16),
+quantized int8 weight-only with gate/up merged and SwiGLU fused. The first call (tuning and
+Triton compilation included) is timed in two fresh subprocesses sharing one cache directory
+(``FXOPT_CACHE_DIR``): the first tunes, the second should find every shape cached. Then,
+in this process, each variant is timed with plain launches and as a CUDA-graph replay:
+bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``), and the
+int8 GraphModule run directly (no compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from quant_gpu import D, MLPStack, bench  # noqa: E402
+
+import fxopt  # noqa: E402
+import fxopt.quant as fq  # noqa: E402
+
+
+def build() -> tuple[nn.Module, fx.GraphModule, fx.GraphModule]:
+    torch.manual_seed(0)
+    model = MLPStack().to("cuda", torch.bfloat16).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.02)
+    x1 = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
+    gm = fx.symbolic_trace(model)
+    wo = fq.quantize_model(gm, (x1,), "int8_weight_only")
+    return model, gm, fxopt.optimize(wo, ["merge_sibling_linears", "fuse_swiglu"], example_inputs=(x1,))
+
+
+def first_call(ms: list[int]) -> None:
+    """Child process: seconds of the first call of the int8 GraphModule at each M."""
+    _, _, q = build()
+    out = {}
+    with torch.no_grad():
+        for m in ms:
+            x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            q(x)
+            torch.cuda.synchronize()
+            out[m] = time.perf_counter() - start
+    print("FIRST_CALL " + json.dumps(out), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", default="1,16,256")
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    if args.child:
+        return first_call(ms)
+    result: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                    "triton": __import__("triton").__version__}
+    env = {**os.environ, "FXOPT_CACHE_DIR": tempfile.mkdtemp(prefix="fxopt_tuning_")}
+    for run in ("cold_cache", "warm_cache"):
+        done = subprocess.run([sys.executable, __file__, "--child", "--ms", args.ms], env=env,
+                              capture_output=True, text=True, timeout=400)
+        line = [x for x in done.stdout.splitlines() if x.startswith("FIRST_CALL ")]
+        result[f"first_call_s_{run}"] = json.loads(line[0][11:]) if line else done.stderr[-800:]
+        print(run, result[f"first_call_s_{run}"], flush=True)
+
+    model, gm, q = build()
+    torch._inductor.config.freezing = True  # global: Dynamo then freezes the weights too
+    torch._dynamo.config.cache_size_limit = 64
+    variants = {"bf16_inductor_freezing": torch.compile(gm, dynamic=True),
+                "int8_inductor_freezing": torch.compile(q, dynamic=True), "int8_graphmodule": q}
+    rows = []
+    with torch.no_grad():
+        xs = torch.randn(64, D, device="cuda", dtype=torch.bfloat16)
+        result["sqnr_int8_vs_fp32_M64"] = fq.sqnr(copy.deepcopy(model).float()(xs.float()), q(xs))
+        for m in ms:
+            x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+            row = {"M": m}
+            for name, f in variants.items():
+                row[f"{name}_plain_ms"] = bench(lambda f=f, x=x: f(x), graph=False)
+                row[f"{name}_graph_ms"] = bench(lambda f=f, x=x: f(x), graph=True)
+            for mode in ("plain", "graph"):
+                best = min(row[f"int8_{v}_{mode}_ms"] for v in ("inductor_freezing", "graphmodule"))
+                row[f"speedup_{mode}"] = row[f"bf16_inductor_freezing_{mode}_ms"] / best
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result["rows"] = rows
+    with open(os.path.join(args.out, "quant_first_call.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}; "
+          f"SQNR int8 vs fp32 (8 blocks, M=64) {result['sqnr_int8_vs_fp32_M64']:.1f} dB")
+    print("first call s (cold cache / warm cache):", result["first_call_s_cold_cache"], "/",
+          result["first_call_s_warm_cache"])
+    print("| M | bf16 frz plain / graph | int8 compiled plain / graph | int8 GraphModule plain / graph "
+          "| int8 / bf16 plain | graph |")
+    for r in rows:
+        print(f"| {r['M']} | {r['bf16_inductor_freezing_plain_ms']:.3f} / {r['bf16_inductor_freezing_graph_ms']:.3f} | "
+              f"{r['int8_inductor_freezing_plain_ms']:.3f} / {r['int8_inductor_freezing_graph_ms']:.3f} | "
+              f"{r['int8_graphmodule_plain_ms']:.3f} / {r['int8_graphmodule_graph_ms']:.3f} | "
+              f"{r['speedup_plain']:.2f}x | {r['speedup_graph']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
