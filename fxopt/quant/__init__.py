@@ -13,6 +13,7 @@ import torch.fx as fx
 from fxopt.quant import ops  # noqa: F401  (registers torch.ops.fxopt_quant)
 from fxopt.quant.accuracy import AccuracyReport, accuracy_report, cosine, max_abs, sqnr
 from fxopt.quant.calibrate import calibrate
+from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
 from fxopt.quant.observers import (
     OBSERVERS,
     HistogramObserver,
@@ -29,7 +30,6 @@ from fxopt.quant.passes import (
     QuantSummary,
     SiteRecord,
 )
-from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
 from fxopt.quant.qat import PrepareQAT, QATModel, convert_qat, prepare_qat
 from fxopt.quant.sites import SPELLINGS, Site, find_sites
 

@@ -370,10 +370,18 @@ class QATModel(nn.Module):
             self.freeze_bn()
 
 
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy with its own parameters and buffers; the fake tensors of node metadata
+    (shape information, read-only) are shared rather than copied."""
+    memo = {id(v): v for n in gm.graph.nodes for k in ("val", "example_value")
+            for v in torch.utils._pytree.tree_leaves(n.meta.get(k)) if isinstance(v, torch.Tensor)}
+    return copy.deepcopy(gm, memo)
+
+
 def _capture(model: Any) -> fx.GraphModule:
     """A GraphModule of ``model`` with its own copy of every tensor (training must not
     write into the user's float model)."""
-    gm = copy.deepcopy(as_graph_module(model))
+    gm = _copy(as_graph_module(model))
     parts = _eval_mode_parts(gm)
     if parts:
         raise InputError("prepare_qat: the model is in eval mode or was captured for inference: "
@@ -479,7 +487,7 @@ def convert_qat(qat: QATModel, example_inputs: Sequence[Any] | None = None) -> f
         warnings.warn("convert_qat: no training step ran, so the observers never saw data: activation "
                       "ranges are placeholders and weight scales the initial ones; train first",
                       stacklevel=2)
-    gm = copy.deepcopy(qat.gm)
+    gm = _copy(qat.gm)
     scales: dict[tuple, torch.Tensor] = {}
     for fold in qat.folds:
         _lower_fold(gm, fold, scales)
