@@ -287,6 +287,8 @@ class PrepareQAT(Pass):
 
 # ---------------------------------------------------------------- the trainable module
 
+_FAKE_QUANTS = (WeightFakeQuant, ActivationFakeQuant, DynamicFakeQuant)
+
 class QATModel(nn.Module):
     """A model prepared for quantization-aware training: train it like the original.
 
@@ -325,8 +327,13 @@ class QATModel(nn.Module):
         self.steps += 1
 
     def fake_quants(self) -> list[nn.Module]:
-        return [m for m in self.gm.modules()
-                if isinstance(m, (WeightFakeQuant, ActivationFakeQuant, DynamicFakeQuant))]
+        return [m for m in self.gm.modules() if isinstance(m, _FAKE_QUANTS)]
+
+    def float_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained float parameters and buffers under the prepared model's names: load
+        them into it for the float reference of ``accuracy_report``."""
+        fake = {name for name, m in self.gm.named_modules() if isinstance(m, _FAKE_QUANTS)}
+        return {k: v for k, v in self.gm.state_dict().items() if k.rpartition(".")[0] not in fake}
 
     def freeze_observers(self) -> None:
         """Stop updating observed ranges (learnable scales train from here on)."""

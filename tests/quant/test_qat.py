@@ -102,7 +102,6 @@ def test_activation_fake_quant_matches_observer_qdq_and_has_a_clipped_ste(symmet
     torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
     torch.testing.assert_close(act.qparams()[0], scale)
     # straight-through: gradient 1 inside the range, 0 where the input is clipped
-    act.freeze = None
     act.observing = False
     wide = torch.tensor([-100.0, 0.1, 100.0], requires_grad=True)
     act(wide).sum().backward()
@@ -219,8 +218,7 @@ def test_convert_gives_the_post_training_lowering_and_the_qat_numerics(mode, how
 def _float_twin(model, qat):
     """The user's float model with the QAT model's trained weights and statistics."""
     twin = copy.deepcopy(model).eval()
-    state = {k.removeprefix("gm."): v for k, v in qat.state_dict().items()}
-    twin.load_state_dict({k: state[k] for k in twin.state_dict()})
+    twin.load_state_dict(qat.float_state_dict())
     return twin
 
 
