@@ -111,6 +111,7 @@ def run(float_epochs: int = 15, qat_epochs: int = 3, seed: int = 0) -> dict[str,
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # a tiny model: per-op overhead dominates, more threads only contend
     start = time.perf_counter()
     results = run()
     for name, value in results.items():

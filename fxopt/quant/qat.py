@@ -52,7 +52,6 @@ from fxopt.patterns.stock import bn_scale, fold_bias, fold_weight
 from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
 from fxopt.quant.passes import SELECTION_OPTIONS, WEIGHT_SCALES_KEY, Quantize, plan
 from fxopt.quant.sites import Site
-from fxopt.registry import register_pass
 
 #: ``gm.meta`` key of the conv + BatchNorm pairs ``prepare_qat`` folded
 FOLDS_KEY = "fxopt.qat.folds"
@@ -118,19 +117,16 @@ def _set_flag(node: fx.Node, value: bool) -> bool:
 
 
 def _eval_mode_parts(gm: fx.GraphModule) -> list[str]:
-    """What says ``gm`` was captured for inference: an eval-mode module (torch level) or
-    an op with ``training=False`` (ATen level, where the mode is baked into the graph)."""
-    parts = [] if gm.training else ["the module (its .training is False)"]
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            if isinstance(mod, (nn.modules.batchnorm._NormBase, nn.Dropout)) and not mod.training:
-                parts.append(f"node {node.name!r} ({type(mod).__name__} in eval mode)")
-        elif _flag(node) is False:
-            parts.append(f"node {node.name!r} ({node.target} with training=False)")
-        elif "no_training" in str(node.target):
-            parts.append(f"node {node.name!r} ({node.target})")
-    return parts
+    """What says ``gm`` was captured for inference: its module is in eval mode (torch level),
+    or every op with a training flag has it off (ATen level, where the mode is baked into
+    the graph; one BatchNorm kept in eval on purpose among training ones is fine)."""
+    if not gm.training:
+        return ["the module (its .training is False)"]
+    flagged = [(n, _flag(n)) for n in gm.graph.nodes if _flag(n) is not None]
+    flagged += [(n, False) for n in gm.graph.nodes if "no_training" in str(n.target)]
+    if flagged and not any(value for _, value in flagged):
+        return [f"node {n.name!r} ({n.target} with training off)" for n, _ in flagged]
+    return []
 
 
 # ---------------------------------------------------------------- the prepare pass
@@ -174,10 +170,12 @@ def _following_bn(gm: fx.GraphModule, site: Site) -> Any:
     return canon if training is True and constant and var is not None and mean is not None else None
 
 
-@register_pass
 class PrepareQAT(Pass):
     """Insert fake quantization where ``quantize`` will quantize, and fold conv + BatchNorm
-    for training (see :mod:`fxopt.quant.qat`; use :func:`fxopt.quant.prepare_qat`)."""
+    for training (see :mod:`fxopt.quant.qat`; use :func:`fxopt.quant.prepare_qat`).
+
+    Not registered by name: its result is only meaningful inside a :class:`QATModel`
+    (the schedule, the BatchNorm modes), and it is not an equivalence-preserving pass."""
 
     name = "prepare_qat"
     options = {
@@ -306,6 +304,8 @@ class QATModel(nn.Module):
         self.options = dict(options)
         self.example_inputs = tuple(example_inputs)
         self.folds: list[Fold] = gm.meta.pop(FOLDS_KEY, [])
+        #: ops whose training flag follows this module's mode (those captured in training)
+        self.mode_nodes = {n.name for n in gm.graph.nodes if _flag(n) is True}
         self.freeze_observers_after, self.freeze_bn_after = freeze_observers_after, freeze_bn_after
         self.steps = 0
         self.observers_frozen = self.bn_frozen = False
@@ -358,11 +358,10 @@ class QATModel(nn.Module):
         frozen = {f.bn for f in self.folds} if self.bn_frozen else set()
         changed = False
         for node in self.gm.graph.nodes:
-            mode = self.training and node.name not in frozen
             if node.op == "call_module" and node.name in frozen:
                 self.gm.get_submodule(node.target).train(False)
-            else:
-                changed |= _set_flag(node, mode)
+            elif node.name in self.mode_nodes:
+                changed |= _set_flag(node, self.training and node.name not in frozen)
         if changed:
             self.gm.recompile()
 
