@@ -41,7 +41,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.ops import mutated_inputs
 from fxopt.errors import InputError, PassOptionError
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.manager import PassManager
