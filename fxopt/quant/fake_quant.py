@@ -13,6 +13,10 @@ State lives in buffers and parameters, so ``state_dict`` saves it, and the forwa
 has no data-dependent Python branches, so ``torch.compile`` traces it in one graph. The
 only Python flag, ``observing``, is flipped by the schedule (one recompilation).
 
+The op-facts model knows them by declaration (:func:`fxopt.declare_op`): the weight and
+activation fake quantizers update their own scale and range buffers (stateful: a pass
+never drops, merges or moves them), the dynamic one is a pure function of its input.
+
 - :class:`WeightFakeQuant`: symmetric int8 per tensor / per output channel, or int4 per
   group of K; the scale is ``absmax / qmax`` of the current weight until frozen.
 - :class:`ActivationFakeQuant`: int8 per tensor, affine or symmetric, with a moving
@@ -30,6 +34,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from fxopt.analysis.ops import declare_op
 from fxopt.quant.observers import Observer, qparams_from_range, qrange
 from fxopt.quant.ops import INT4_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX
 
@@ -66,6 +71,7 @@ class _Scale(nn.Module):
             self.scale.copy_(value.reshape(self.scale.shape))
 
 
+@declare_op(stateful=True)
 class WeightFakeQuant(_Scale):
     """Symmetric fake quantization of a stored weight, in the layout its lowering uses.
 
@@ -125,6 +131,7 @@ class WeightFakeQuant(_Scale):
         return f"{kind}, learnable={self.learnable}, observing={self.observing}"
 
 
+@declare_op(stateful=True)
 class ActivationFakeQuant(Observer, _Scale):
     """int8 per-tensor fake quantization of an activation with a moving-average range."""
 
@@ -177,6 +184,7 @@ class ActivationFakeQuant(Observer, _Scale):
                 f"observing={self.observing}")
 
 
+@declare_op(pure=True)
 class DynamicFakeQuant(nn.Module):
     """Symmetric int8 with a scale from the batch: per row of the last dim (per token) or
     per tensor, as ``int8_dynamic`` quantizes at run time."""

@@ -116,6 +116,14 @@ def _set_flag(node: fx.Node, value: bool) -> bool:
     return True
 
 
+def _set_increment(counter: fx.Node, value: int) -> bool:
+    """``num_batches_tracked.add_(value)``: 1 counts a batch, 0 does not; whether it changed."""
+    if counter.args[1] == value:
+        return False
+    counter.update_arg(1, value)
+    return True
+
+
 def _eval_mode_parts(gm: fx.GraphModule) -> list[str]:
     """What says ``gm`` was captured for inference: its module is in eval mode (torch level),
     or every op with a training flag has it off (ATen level, where the mode is baked into
@@ -306,6 +314,10 @@ class QATModel(nn.Module):
         self.folds: list[Fold] = gm.meta.pop(FOLDS_KEY, [])
         #: ops whose training flag follows this module's mode (those captured in training)
         self.mode_nodes = {n.name for n in gm.graph.nodes if _flag(n) is True}
+        #: BatchNorm node -> the nodes counting its batches (ATen graphs): they count only
+        #: while the BatchNorm updates its statistics, as an eager BatchNorm does
+        self.counters = {n.name: [c.name for c in _counter_updates(n) if c.args[1:] == (1,)]
+                         for n in gm.graph.nodes if n.name in self.mode_nodes}
         self.freeze_observers_after, self.freeze_bn_after = freeze_observers_after, freeze_bn_after
         self.steps = 0
         self.observers_frozen = self.bn_frozen = False
@@ -356,12 +368,16 @@ class QATModel(nn.Module):
         """Put the graph's BatchNorm and dropout in this module's mode (ATen graphs carry it
         as an argument), and the frozen BatchNorms in eval mode."""
         frozen = {f.bn for f in self.folds} if self.bn_frozen else set()
+        nodes = {n.name: n for n in self.gm.graph.nodes}
         changed = False
         for node in self.gm.graph.nodes:
             if node.op == "call_module" and node.name in frozen:
                 self.gm.get_submodule(node.target).train(False)
             elif node.name in self.mode_nodes:
-                changed |= _set_flag(node, self.training and node.name not in frozen)
+                updating = self.training and node.name not in frozen
+                changed |= _set_flag(node, updating)
+                for counter in self.counters.get(node.name, ()):
+                    changed |= _set_increment(nodes[counter], int(updating))
         if changed:
             self.gm.recompile()
 
@@ -387,6 +403,9 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 def _capture(model: Any) -> fx.GraphModule:
     """A GraphModule of ``model`` with its own copy of every tensor (training must not
     write into the user's float model)."""
+    if not isinstance(model, (nn.Module, torch.export.ExportedProgram)):
+        raise InputError(f"prepare_qat takes an nn.Module, GraphModule or torch.export "
+                         f"ExportedProgram in training mode, got {type(model).__name__}")
     gm = _copy(as_graph_module(model))
     parts = _eval_mode_parts(gm)
     if parts:
@@ -441,17 +460,22 @@ def _lower_fold(gm: fx.GraphModule, fold: Fold, scales: dict[tuple, torch.Tensor
     scales[(id(weight), fq.contracted, False)] = fq.lowering_scale()
     with gm.graph.inserting_before(bn):
         w_node, b_node = gm.graph.get_attr(names[0]), gm.graph.get_attr(names[1])
-    prefix = _owner(bn)
-    counters = [n for n in gm.graph.nodes
-                if prefix is not None and n.op == "get_attr" and n.target == f"{prefix}num_batches_tracked"]
+    counters = _counter_updates(bn)
     bn.op, bn.target, bn.kwargs = conv.op, conv.target, {}
     bn.args = (conv.args[0], w_node, b_node, *conv.args[3:])
-    for node in (unscale, conv, fq_node, folded_node):
+    for node in (unscale, conv, fq_node, folded_node, *counters):
         gm.graph.erase_node(node)
-    for counter in counters:  # the BatchNorm's step counter (`add_` in ATen graphs) goes with it
-        for user in list(counter.users):
-            if counter in mutated_inputs(user) and not user.users:
-                gm.graph.erase_node(user)
+
+
+def _counter_updates(bn: fx.Node) -> list[fx.Node]:
+    """The nodes that count a functional BatchNorm's batches (``num_batches_tracked.add_(1)``,
+    separate from the BatchNorm in ATen training graphs); unused writes of that buffer."""
+    prefix = _owner(bn) if canonicalize(bn) is not None else None
+    if prefix is None:
+        return []
+    return [user for n in bn.graph.nodes
+            if n.op == "get_attr" and n.target == f"{prefix}num_batches_tracked"
+            for user in n.users if n in mutated_inputs(user) and not user.users]
 
 
 def _owner(bn: fx.Node) -> str | None:

@@ -17,6 +17,7 @@ from fxopt.patterns import canonicalize
 
 import fxopt
 import fxopt.quant as fq
+from fxopt.analysis.ops import facts
 from fxopt.quant.ops import ops, pack_int4, unpack_int4
 
 
@@ -185,6 +186,40 @@ def test_observers_freeze_and_learnable_scales_then_train():
     torch.testing.assert_close(converted.fc_weight_scale, weight.lowering_scale())
 
 
+@pytest.mark.parametrize("how", ["symbolic_trace", "export"])
+def test_evaluation_mid_training_updates_no_statistics_range_or_step(how):
+    qat = fq.prepare_qat(_capture(Net().train(), how), (_data()[0],), "int8_static")
+    _train(qat, 2)
+    before = copy.deepcopy(qat.state_dict())
+    with torch.no_grad():
+        qat.eval()(_data(seed=8)[0] * 5)  # far outside the observed range
+    assert _unchanged(qat, before) and qat.steps == 2
+    _train(qat.train(), 1)  # back in training, BatchNorm and observers update again
+    changed = {k for k, v in qat.state_dict().items() if isinstance(v, torch.Tensor)
+               and not torch.equal(v, before[k])}
+    assert any("running_mean" in k for k in changed) and any(k.endswith(".lo") for k in changed)
+
+
+def test_op_facts_know_the_fake_quantizers():
+    qat = fq.prepare_qat(Net().train(), (_data()[0],), "int8_static")
+    kinds = {}
+    for node in qat.gm.graph.nodes:
+        if node.op == "call_module":
+            kinds.setdefault(type(qat.gm.get_submodule(node.target)), []).append(facts(node))
+    for kind in (fq.WeightFakeQuant, fq.ActivationFakeQuant):  # they update their own buffers
+        assert kinds[kind] and all(f.stateful and not f.unknown for f in kinds[kind])
+    dynamic = fq.prepare_qat(Net().train(), (_data()[0],), "int8_dynamic")
+    assert all(facts(n).pure for n in dynamic.gm.graph.nodes if n.op == "call_module"
+               and isinstance(dynamic.gm.get_submodule(n.target), fq.DynamicFakeQuant))
+
+    def straight_through(x, s, z):  # the ATen ops the fake quantizers run
+        a = torch.fake_quantize_per_tensor_affine(x, s, z.to(torch.int32), -128, 127)
+        return torch._fake_quantize_learnable_per_tensor_affine(a, s, z, -128, 127, 1.0)
+
+    graph = fx.symbolic_trace(straight_through).graph
+    assert all(facts(n).pure for n in graph.nodes if n.op == "call_function")
+
+
 # ---------------------------------------------------------------- convert
 
 @pytest.mark.parametrize("how", ["symbolic_trace", "export"])
@@ -290,7 +325,9 @@ def test_compiled_training_steps_match_eager():
 
 def _unchanged(model, before):
     after = model.state_dict()
-    return before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    same = [torch.equal(before[k], after[k]) if isinstance(before[k], torch.Tensor) else before[k] == after[k]
+            for k in before]
+    return before.keys() == after.keys() and all(same)
 
 
 def test_eval_mode_model_or_graph_is_rejected_and_left_untouched():
@@ -316,6 +353,13 @@ def test_no_quantizable_site_is_a_typed_error_naming_the_reasons():
     with pytest.raises(fxopt.FxoptError, match="no quantizable site.*float64"):
         fq.prepare_qat(model, (_data()[0].double(),))
     assert _unchanged(model, before)
+
+
+def test_what_is_not_a_model_or_a_qat_model_is_a_typed_error():
+    with pytest.raises(fxopt.InputError, match="prepare_qat takes .* got str"):
+        fq.prepare_qat("model.pt", (_data()[0],))
+    with pytest.raises(fxopt.InputError, match="convert_qat takes .* got Net"):
+        fq.convert_qat(Net().train())
 
 
 @pytest.mark.parametrize("options, option", [
