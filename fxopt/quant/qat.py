@@ -470,7 +470,8 @@ def _lower_fold(gm: fx.GraphModule, fold: Fold, scales: dict[tuple, torch.Tensor
 def _counter_updates(bn: fx.Node) -> list[fx.Node]:
     """The nodes that count a functional BatchNorm's batches (``num_batches_tracked.add_(1)``,
     separate from the BatchNorm in ATen training graphs); unused writes of that buffer."""
-    prefix = _owner(bn) if canonicalize(bn) is not None else None
+    canon = canonicalize(bn)
+    prefix = _owner(bn) if canon is not None and canon.op == "batch_norm" else None
     if prefix is None:
         return []
     return [user for n in bn.graph.nodes

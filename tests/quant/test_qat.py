@@ -188,11 +188,13 @@ def test_observers_freeze_and_learnable_scales_then_train():
 
 @pytest.mark.parametrize("how", ["symbolic_trace", "export"])
 def test_evaluation_mid_training_updates_no_statistics_range_or_step(how):
-    qat = fq.prepare_qat(_capture(Net().train(), how), (_data()[0],), "int8_static")
+    model = nn.Sequential(Net(), nn.Dropout(0.5)).train()
+    qat = fq.prepare_qat(_capture(model, how), (_data()[0],), "int8_static")
     _train(qat, 2)
     before = copy.deepcopy(qat.state_dict())
+    x = _data(seed=8)[0] * 5  # far outside the observed range
     with torch.no_grad():
-        qat.eval()(_data(seed=8)[0] * 5)  # far outside the observed range
+        assert torch.equal(qat.eval()(x), qat(x))  # no dropout in eval
     assert _unchanged(qat, before) and qat.steps == 2
     _train(qat.train(), 1)  # back in training, BatchNorm and observers update again
     changed = {k for k, v in qat.state_dict().items() if isinstance(v, torch.Tensor)
