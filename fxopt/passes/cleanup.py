@@ -17,7 +17,13 @@ import torch.nn.functional as F
 
 from fxopt.analysis.ops import is_barrier, is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
-from fxopt.graph_utils import downstream, fetch_attr, fresh_attr_name, upstream
+from fxopt.graph_utils import (
+    downstream,
+    drop_unused_attributes,
+    fetch_attr,
+    fresh_attr_name,
+    upstream,
+)
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
@@ -120,7 +126,8 @@ def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
 
 @register_pass
 class ConstantFold(Pass):
-    """Evaluate subgraphs that depend only on parameters and constants, storing buffers."""
+    """Evaluate subgraphs that depend only on parameters and constants, storing buffers;
+    the get_attr nodes and attributes nothing reads any more are dropped."""
 
     name = "constant_fold"
     inference_only = True  # parameters become constants: gradients no longer reach them
@@ -161,7 +168,9 @@ class ConstantFold(Pass):
         for node in reversed(gm.graph.nodes):
             if node in constant and not node.users and node.op != "get_attr":
                 gm.graph.erase_node(node)
-        return PassResult(folded > 0, {"folded": folded, "too_large": too_large})
+        dropped = drop_unused_attributes(gm)  # the folded-away weights: not carried twice
+        return PassResult(folded > 0 or bool(dropped),
+                          {"folded": folded, "too_large": too_large, "dropped": len(dropped)})
 
     @staticmethod
     def _is_constant_source(gm: fx.GraphModule, node: fx.Node) -> bool:
