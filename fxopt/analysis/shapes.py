@@ -37,6 +37,14 @@ class _FakePropagator(fx.Interpreter):
 
         return tree_map(convert, value)
 
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        # the module runs on fake copies of its parameters and buffers: a training-mode
+        # batch norm's ``num_batches_tracked.add_(1)`` would otherwise write the real buffer
+        module = self.fetch_attr(target)
+        state = {name: self._to_fake(t) for name, t in
+                 [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]}
+        return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
+
     def run_node(self, node: fx.Node) -> Any:
         try:
             result = super().run_node(node)
