@@ -48,7 +48,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.ops import mutated_inputs
 from fxopt.analysis.shapes import VALUES_CURRENT
 from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name

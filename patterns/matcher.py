@@ -31,7 +31,7 @@ from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.ops import mutated_inputs
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule

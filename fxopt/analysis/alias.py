@@ -4,7 +4,7 @@ Two nodes alias when their (fake) tensors share a storage: views, reshapes that 
 copy, ``getitem`` of ``split``/``chunk``, ``contiguous()`` of a contiguous tensor. That
 is decided by the FakeTensor run itself rather than by a table of view ops, so it is
 right for ops we have never heard of. Mutation facts come from
-:func:`fxopt.analysis.effects.mutated_inputs` (op schemas and torch-level spellings).
+:func:`fxopt.analysis.ops.mutated_inputs` (op schemas and torch-level spellings).
 
 Storages that outlive the graph run are *external*: those of graph inputs (``inputs``)
 and those of parameters, buffers and constants (``constants``), including the ones a
@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
-from fxopt.analysis.effects import mutated_inputs
 from fxopt.analysis.manager import register_analysis
+from fxopt.analysis.ops import mutated_inputs
 
 
 def storages_of(value: Any) -> set[StorageWeakRef]:

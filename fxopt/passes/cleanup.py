@@ -1,6 +1,6 @@
 """Cleanup passes: dce, cse, constant_fold, remove_dropout, eliminate_identity.
 
-All of them consult :mod:`fxopt.analysis.effects`, which is what makes them sound where
+All of them consult :mod:`fxopt.analysis.ops`, which is what makes them sound where
 torch's own helpers are not: ``Graph.eliminate_dead_code()`` drops the unused results of
 ``x.add_()``, ``torch.relu_``, ``+=`` and ``nn.ReLU(inplace=True)``; ours keeps them,
 and CSE never merges random ops or computations separated by an in-place write.
@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.effects import is_pure, is_random, mutated_inputs
+from fxopt.analysis.ops import is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
 from fxopt.graph_utils import fetch_attr, fresh_attr_name, upstream
 from fxopt.pass_protocol import Option, Pass, PassResult
