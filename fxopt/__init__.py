@@ -12,6 +12,8 @@ from fxopt.errors import (
     AnalysisError,
     FxoptError,
     InputError,
+    MissingFakeImplError,
+    NotAPassError,
     PassContractError,
     PassError,
     PassOptionError,
@@ -42,7 +44,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
-    "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
+    "InputError", "Instrumentation", "MissingFakeImplError", "NotAPassError", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
     "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
     "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",

@@ -22,6 +22,7 @@ from fxopt.context import PassContext, infer_training
 from fxopt.errors import (
     FxoptError,
     InputError,
+    MissingFakeImplError,
     PassContractError,
     PassError,
     VerificationError,
@@ -302,4 +303,6 @@ def check_example_inputs(gm: fx.GraphModule, ctx: PassContext) -> None:
         ctx.analysis("shapes")
     except FxoptError as exc:
         snapshot.restore_meta()
+        if isinstance(exc, MissingFakeImplError):  # the op's fault, not the inputs'
+            raise
         raise InputError(f"example inputs do not fit the graph: {exc}") from exc
