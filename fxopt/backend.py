@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from fxopt.analysis.alias import storages_of
 from fxopt.analysis.ops import mutated_inputs
@@ -360,8 +361,12 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
 
 
 def _is_weight(node: fx.Node, value: Any) -> bool:
-    """A parameter or buffer of a module (never a user input marked static for cudagraphs)."""
-    if not isinstance(value, torch.Tensor):
+    """A parameter or buffer of a module (never a user input marked static for cudagraphs).
+
+    Tensor subclasses (DTensor shards of a tensor-parallel model) stay inputs: Inductor's
+    freezing cannot take them as constants, and AOTAutograd unwraps them only as inputs.
+    """
+    if not isinstance(value, torch.Tensor) or is_traceable_wrapper_subclass(value):
         return False
     if isinstance(value, torch.nn.Parameter):
         return True

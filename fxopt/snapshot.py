@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # Node fields a rebuild needs. They are read column by column with attrgetter/map, so the
 # per-node work stays in C and a snapshot allocates no per-node objects besides metadata
@@ -168,8 +169,10 @@ def _tensors(gm: fx.GraphModule):
 class _Guarded:
     name: str
     tensor: torch.Tensor
-    #: a view of the tensor's own storage, as it was (``p.data = other`` swaps it out)
+    #: an alias of the tensor's data as it was (``p.data = other`` swaps it out)
     data: torch.Tensor
+    #: where the data lives: storage, offset, shape, strides of every plain tensor inside
+    layout: tuple
     version: int
     #: a copy of the contents (None when over the backup limit)
     copy: torch.Tensor | None
@@ -181,14 +184,14 @@ class TensorGuard:
     Every tensor held when the run starts (the user's parameters and buffers, since the
     result of ``optimize`` shares them) and every tensor a pass adds later is recorded with
     its storage, its version counter and a copy of its contents. After each pass,
-    :meth:`changed` finds the tensors whose storage was swapped (``p.data = ...``), whose
-    version moved (in-place ops) or whose contents differ from the copy (writes through
-    ``.data`` or a ``.numpy()`` view, which bypass version counters); :meth:`restore` puts
-    them back. The content comparison is a byte comparison (NaNs compare equal to
-    themselves), measured at about 12 ms per pass for resnet18's 47 MB on 2 CPU cores.
+    :meth:`changed` finds the tensors whose storage was swapped (``p.data = ...``) or whose
+    contents differ from the copy (writes through ``.data`` or a ``.numpy()`` view bypass
+    version counters, so contents decide); :meth:`restore` puts them back. Tensor
+    subclasses (DTensor) are compared through the plain tensors they wrap. The content
+    comparison is bytewise (a NaN equals itself); see bench/RESULTS.md for its cost.
 
     Copies are skipped above ``limit_bytes`` (then only swaps and version changes are
-    detected, and nothing can be restored; the manager says so).
+    detected, and contents cannot be restored; the manager says so).
     """
 
     def __init__(self, gm: fx.GraphModule, limit_bytes: int):
@@ -197,19 +200,14 @@ class TensorGuard:
         self.total = 0
         self.track(gm)
 
-    @property
-    def complete(self) -> bool:
-        """Whether every tracked tensor has a copy of its contents."""
-        return self.total <= self.limit_bytes
-
     def track(self, gm: fx.GraphModule) -> None:
         """Start guarding the tensors ``gm`` holds that are not guarded yet."""
         new = [(name, t) for name, t in _tensors(gm) if id(t) not in self.entries]
         self.total += sum(t.numel() * t.element_size() for _, t in new)
         with torch.no_grad():
             for name, t in new:
-                copy = t.detach().clone() if self.complete else None
-                self.entries[id(t)] = _Guarded(name, t, t.data, _version(t), copy)
+                copy = t.detach().clone() if self.total <= self.limit_bytes else None
+                self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), copy)
 
     def changed(self) -> list[str]:
         """Names of the guarded tensors that were written or swapped since recorded."""
@@ -222,14 +220,35 @@ class TensorGuard:
             for e in self.entries.values():
                 if not _was_changed(e):
                     continue
-                if not _same_storage(e.tensor, e.data):
+                if _layout(e.tensor) != e.layout:
                     e.tensor.data = e.data
                 if e.copy is None:
                     ok = False
                     continue
-                e.data.copy_(e.copy)
+                for data, saved in zip(_plain(e.data), _plain(e.copy)):
+                    data.copy_(saved)
                 e.version = _version(e.tensor)
         return ok
+
+
+def _plain(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding ``t``'s data (``t`` itself unless it is a wrapper subclass)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    return [leaf for a in attrs if isinstance(getattr(t, a), torch.Tensor) for leaf in _plain(getattr(t, a))]
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    def one(x: torch.Tensor) -> tuple:
+        try:
+            ptr = x.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no real storage (meta, fake, sparse)
+            ptr = id(x)
+        return ptr, x.storage_offset() if x.layout == torch.strided else 0, x.shape, x.dtype, \
+            x.stride() if x.layout == torch.strided else ()
+
+    return tuple(map(one, _plain(t)))
 
 
 def _version(t: torch.Tensor) -> int:
@@ -237,17 +256,11 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def _same_storage(t: torch.Tensor, data: torch.Tensor) -> bool:
-    return (t.dtype == data.dtype and t.shape == data.shape and t.stride() == data.stride()
-            and t.storage_offset() == data.storage_offset() and t.device == data.device
-            and t.untyped_storage().data_ptr() == data.untyped_storage().data_ptr())
-
-
 def _was_changed(e: _Guarded) -> bool:
-    if not _same_storage(e.tensor, e.data):
+    if _layout(e.tensor) != e.layout:
         return True
     if e.copy is not None:  # the contents decide: a write of equal values changes nothing
-        return not _bytes_equal(e.data, e.copy)
+        return not all(map(_bytes_equal, _plain(e.data), _plain(e.copy)))
     return _version(e.tensor) != e.version
 
 
@@ -258,10 +271,10 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN payloads included); numpy's comparison is the fastest on CPU."""
     as_int = _SAME_SIZE_INT.get(a.element_size())
     try:
-        if as_int is not None and a.layout == torch.strided and type(a) is torch.Tensor:
+        if as_int is not None and a.layout == torch.strided:
             a, b = a.view(as_int), b.view(as_int)
             if a.device.type == "cpu":
                 return bool(np.array_equal(a.numpy(), b.numpy()))
         return bool(torch.equal(a, b))
-    except (RuntimeError, TypeError):  # a tensor subclass or layout that cannot be compared
+    except (RuntimeError, TypeError):  # a layout that cannot be compared
         return True
