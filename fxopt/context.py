@@ -25,8 +25,6 @@ class PassContext:
     example_inputs: tuple[Any, ...] | None = None
     training: bool = False
     report: Report = field(default_factory=Report)
-    #: free-form settings a caller hands to its passes (e.g. the torch.compile backend)
-    settings: dict[str, Any] = field(default_factory=dict)
     analyses: AnalysisManager = field(init=False)
 
     def __post_init__(self) -> None:

@@ -119,7 +119,7 @@ class PassManager:
         self.tensor_backup_limit = tensor_backup_limit
 
     def run(self, gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
-            training: bool | None = None, settings: dict[str, Any] | None = None) -> Report:
+            training: bool | None = None) -> Report:
         """Optimize ``gm`` in place and return the report (also at ``gm.meta['fxopt.report']``)."""
         if not isinstance(gm, fx.GraphModule):
             raise TypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
@@ -128,8 +128,7 @@ class PassManager:
         if self.verify and example_inputs is None:
             raise InputError("verify=True needs example_inputs to run the graph on")
         ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
-                          training=infer_training(gm) if training is None else training,
-                          settings=dict(settings or {}))
+                          training=infer_training(gm) if training is None else training)
         if example_inputs is not None:
             check_example_inputs(gm, ctx)
         hooks = list(self.hooks)
