@@ -44,6 +44,10 @@ class PassOptionError(PipelineError, TypeError):
         super().__init__(f"pass {pass_name!r}, option {option!r}: {message}")
 
 
+class ModelTypeError(FxoptError, TypeError):
+    """What was given as the model or graph is none of the things fxopt works on."""
+
+
 class InputError(FxoptError, ValueError):
     """Example inputs do not fit the graph (arity, shape or dtype); raised before any pass."""
 

@@ -23,6 +23,7 @@ from fxopt.errors import (
     FxoptError,
     InputError,
     MissingFakeImplError,
+    ModelTypeError,
     PassContractError,
     PassError,
     VerificationError,
@@ -122,7 +123,7 @@ class PassManager:
             training: bool | None = None) -> Report:
         """Optimize ``gm`` in place and return the report (also at ``gm.meta['fxopt.report']``)."""
         if not isinstance(gm, fx.GraphModule):
-            raise TypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
+            raise ModelTypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
             raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
         if self.verify and example_inputs is None:

@@ -42,7 +42,7 @@ REFERENCE_ERROR_FACTOR = 3.0
 
 #: half precision: how many times the original's own error (per element, plus its
 #: root-mean-square over the tensor) a rewrite's error may reach. Identity-preserving
-#: passes over the zoo stay below 4.1 (fp16 and bf16, default pipeline and fusions;
+#: passes over the zoo reach at most 4.2 (fp16 and bf16, default pipeline and fusions;
 #: tests/testing/test_low_precision.py); a dropped or changed op goes far above.
 LOW_PRECISION_ERROR_FACTOR = 8.0
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.fx as fx
 
-from fxopt.errors import PassContractError, PassOptionError
+from fxopt.errors import NotAPassError, PassContractError, PassOptionError
 
 if TYPE_CHECKING:
     from fxopt.context import PassContext
@@ -179,4 +179,4 @@ def as_pass(item: Pass | Callable[[fx.GraphModule], Any]) -> Pass:
         return item()
     if callable(item):
         return FunctionPass(item)
-    raise TypeError(f"not a pass: {item!r} ({type(item).__name__})")
+    raise NotAPassError(f"not a pass: {item!r} ({type(item).__name__})")

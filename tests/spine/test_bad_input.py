@@ -71,3 +71,17 @@ def test_something_that_is_not_a_pass_is_a_typed_error(passes):
     assert isinstance(info.value, fxopt.FxoptError) and isinstance(info.value, TypeError)
     with pytest.raises(fxopt.NotAPassError):
         fxopt.PassManager(["dce", passes])
+
+
+@pytest.mark.parametrize("model", [42, "resnet18", [nn.Linear(2, 2)]])
+def test_something_that_is_not_a_model_is_a_typed_error(model):
+    with pytest.raises(fxopt.ModelTypeError, match=type(model).__name__) as info:
+        fxopt.optimize(model)
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(fxopt.ModelTypeError, match="GraphModule"):
+        fxopt.PassManager(["dce"]).run(model)
+
+
+def test_a_non_callable_in_a_pass_list_is_a_typed_error():
+    with pytest.raises(fxopt.NotAPassError, match="not a pass"):
+        fxopt.pass_protocol.as_pass(42)
