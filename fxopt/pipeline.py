@@ -54,9 +54,7 @@ class Fixpoint(Composite):
     options: ClassVar = {"max_rounds": Option(int, 10, "upper bound on the rounds", minimum=1)}
 
     def __init__(self, children: Iterable[PassLike], max_rounds: int = 10):
-        super().__init__(children, max_rounds=max_rounds)
-        if self.options["max_rounds"] < 1:
-            raise PipelineError(f"fixpoint: max_rounds must be >= 1, got {max_rounds}")
+        super().__init__(children, max_rounds=max_rounds)  # Option(minimum=1) checks the bound
 
 
 class Conditional(Composite):
