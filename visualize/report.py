@@ -95,7 +95,7 @@ class _Page:
         except RendererNotFoundError as exc:
             self.missing_renderer = str(exc)
         leaves = _changing_leaves(report)
-        self.after_of = {id(r): (r.after or (leaves[i + 1].before if i + 1 < len(leaves) else gm))
+        self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
 
     def figure(self, dot: str, what: str) -> str:
