@@ -11,6 +11,7 @@ fake mode (and its ShapeEnv, for dynamic shapes) is reused so symbols stay symbo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,12 +39,7 @@ class _FakePropagator(fx.Interpreter):
         return tree_map(convert, value)
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        # the module runs on fake copies of its parameters and buffers: a training-mode
-        # batch norm's ``num_batches_tracked.add_(1)`` would otherwise write the real buffer
-        module = self.fetch_attr(target)
-        state = {name: self._to_fake(t) for name, t in
-                 [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]}
-        return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
+        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._to_fake)
 
     def run_node(self, node: fx.Node) -> Any:
         try:
@@ -56,6 +52,19 @@ class _FakePropagator(fx.Interpreter):
             result = self._to_fake(result)
         record_value(node, result)
         return result
+
+
+def call_module_on_copies(module: torch.nn.Module, args: Any, kwargs: Any,
+                          convert: Callable[[Any], Any]) -> Any:
+    """Call ``module`` on ``convert``'ed copies of its parameters and buffers.
+
+    Analyses run the graph to learn about it; a training-mode batch norm run on its real
+    state would write it (``num_batches_tracked.add_(1)``, running statistics), and the
+    user's model would change because fxopt looked at it.
+    """
+    state = {name: convert(t) for name, t in
+             [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]}
+    return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
 
 
 def _no_fake_impl(exc: BaseException) -> bool:

@@ -383,3 +383,18 @@ def test_cse_never_merges_across_a_grad_mode_switch():
     (g_expected,) = torch.autograd.grad(expected.sum(), weight)
     (g_got,) = torch.autograd.grad(got.sum(), weight)
     torch.testing.assert_close(g_got, g_expected)
+
+
+def test_analyses_leave_a_training_models_state_alone():
+    """inplace asks which tensors autograd saves: the analysis runs the graph, and a
+    training batch norm run on its real buffers counted a batch (the pass was refused)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    gm = fx.symbolic_trace(model)
+    state = {k: v.clone() for k, v in gm.state_dict().items()}
+    optimized = fxopt.optimize(gm, passes=["inplace"], example_inputs=(torch.randn(2, 3, 8, 8),))
+    for name, value in gm.state_dict().items():
+        assert torch.equal(value, state[name]), f"optimize changed {name}"
+    x = torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(model)
+    torch.testing.assert_close(optimized(x), eager(x))
+    torch.testing.assert_close(dict(optimized.named_buffers()), dict(eager.named_buffers()))
