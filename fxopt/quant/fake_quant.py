@@ -122,7 +122,7 @@ class WeightFakeQuant(_Scale):
         return out.reshape(shape).permute(self.inverse)
 
     def lowering_scale(self) -> Tensor:
-        """The scale as the ``quantize`` pass takes it (see ``WEIGHT_SCALES_KEY``)."""
+        """The scale as the ``quantize`` pass takes it (see ``Quantize``'s ``weight_scales``)."""
         scale = torch.clamp(self.scale.detach().abs(), min=_EPS).to(torch.float32)
         return scale.reshape(self.rows, -1) if self.granularity == "group" else scale.clone()
 

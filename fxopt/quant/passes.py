@@ -54,12 +54,6 @@ INT8_MODES = ("int8_static", "int8_dynamic", "int8_weight_only")
 MODES = (*INT8_MODES, "int4_weight_only")
 SUMMARY_KEY = "fxopt.quant"
 SITE_KEY = "fxopt.quant.site"
-#: ``ctx.settings`` key of weight scales chosen before ``quantize`` runs (quantization-aware
-#: training learns them): ``{(id(stored weight), contracted axes, int4): scale}``, the scale
-#: shaped ``[C]`` (one per output channel, the stored weight's non-contracted axes in order),
-#: ``[1]`` (per tensor) or ``[N, K / group_size]`` (int4)
-WEIGHT_SCALES_KEY = "fxopt.quant.weight_scales"
-
 #: options shared by both passes: which sites are quantized, and how
 SELECTION_OPTIONS = {
     "mode": Option(str, "int8_weight_only", "quantization mode", choices=MODES),
@@ -363,6 +357,15 @@ class Quantize(Pass):
     requires = ("shapes",)
     inference_only = True
 
+    def __init__(self, weight_scales: dict[tuple, torch.Tensor] | None = None, **options: Any):
+        """``weight_scales``: scales chosen before ``quantize`` runs (quantization-aware
+        training learns them), ``{(id(stored weight), contracted axes, int4): scale}``, the
+        scale shaped ``[C]`` (one per output channel, the stored weight's non-contracted axes
+        in order), ``[1]`` (per tensor) or ``[N, K / group_size]`` (int4). Keyed by tensor
+        identity, so a Python argument, not a textual option."""
+        super().__init__(**options)
+        self.weight_scales = weight_scales
+
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         planned = plan(gm, self.options)
         observers = [n for n in gm.graph.nodes
@@ -371,7 +374,7 @@ class Quantize(Pass):
         if needs_observers and not observers:
             raise InputError("quantize: int8_static needs calibrated observers; run insert_observers, "
                              "then fxopt.quant.calibrate(gm, data), then quantize")
-        builder = _Builder(gm, ctx.analysis("shapes"), self.options, ctx.settings.get(WEIGHT_SCALES_KEY))
+        builder = _Builder(gm, ctx.analysis("shapes"), self.options, self.weight_scales)
         summary = QuantSummary()
         for site, mode, reason in planned:
             if mode == "int8_static" and site.current_act() not in observers:

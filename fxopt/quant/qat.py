@@ -23,7 +23,7 @@ Module sites (``nn.Linear``, ``nn.ConvNd``) become their functional form on the 
 parameters (same node names), so one rewrite covers every capture path.
 
 ``convert_qat`` folds the BatchNorms into new conv weights, hands the trained weight scales
-to the ``quantize`` pass (``WEIGHT_SCALES_KEY``), and runs it: the result is the graph the
+to the ``quantize`` pass (its ``weight_scales`` argument), and runs it: the result is the graph the
 post-training path makes, with the same ops and kernels.
 """
 
@@ -50,7 +50,7 @@ from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.patterns import ParamRef, canonicalize
 from fxopt.patterns.stock import bn_scale, fold_bias, fold_weight
 from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
-from fxopt.quant.passes import SELECTION_OPTIONS, WEIGHT_SCALES_KEY, Quantize, plan
+from fxopt.quant.passes import SELECTION_OPTIONS, Quantize, plan
 from fxopt.quant.sites import Site
 
 #: ``gm.meta`` key of the conv + BatchNorm pairs ``prepare_qat`` folded
@@ -528,6 +528,6 @@ def convert_qat(qat: QATModel, example_inputs: Sequence[Any] | None = None) -> f
         _set_flag(node, False)
     gm.recompile()
     options = {k: v for k, v in qat.options.items() if k in Quantize.options}
-    PassManager([Quantize(**options)]).run(gm, example_inputs or qat.example_inputs, training=False,
-                                           settings={WEIGHT_SCALES_KEY: scales})
+    PassManager([Quantize(weight_scales=scales, **options)]).run(
+        gm, example_inputs or qat.example_inputs, training=False)
     return gm
