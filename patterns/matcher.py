@@ -9,11 +9,15 @@ overlaps resolve the same way every run). A structural match is then checked:
   so the rewrite can remove them;
 - an in-place spelling is accepted only where its write is invisible: it writes into an
   interior node, or into a fresh tensor used by nothing else;
+- an in-place pattern (``t.add_(1)``) matches only in-place spellings, and the
+  replacement writes into what the matched code wrote into, nothing more, unless that
+  tensor is invisible outside the match (never a graph input, parameter or anything
+  the caller can see);
 - no in-place write outside the match falls between the matched nodes (the replacement
-  reads its inputs at the anchor, later than the original did);
-- extra outputs have no users before the anchor (the replacement is inserted at the
-  anchor; nodes are never reordered, so a rewrite can never create a cycle);
-- the rule's constraints hold.
+  reads its inputs at the insertion point, later than the original did);
+- outputs have no users before the last matched node (the replacement is inserted
+  there; nodes are never reordered, so a rewrite can never create a cycle);
+- the rule's constraints and its per-match callback accept it.
 
 Every failure is phrased for :func:`fxopt.patterns.explain`.
 """
@@ -27,21 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
-from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
+from fxopt.patterns.canon import Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.ops import mutated_inputs
+from fxopt.analysis.ops import is_commutative, mutated_inputs, output_aliases
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule
 
 State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
-
-#: canonical ops that always return a new tensor (never a view of an input)
-FRESH_OPS = frozenset({"relu", "hardtanh", "add", "sub", "mul", "convolution", "batch_norm",
-                       "linear", "add_relu", "conv_bias_relu", "conv_bias_add_relu", "linear_relu"})
-
 
 @dataclass
 class Match:
@@ -57,10 +56,18 @@ class Match:
     pattern: CompiledPattern
     nodes: dict[fx.Node, fx.Node]
     bindings: dict[str, Any]
+    #: the last matched node in graph order: the replacement is inserted before it
+    insert_at: fx.Node | None = None
 
     @property
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
+
+    @property
+    def body(self) -> list[fx.Node]:
+        """The matched computation (what the rewrite removes), without the ``get_attr``
+        nodes a pattern's attributes matched."""
+        return [g for p, g in self.nodes.items() if p in self.pattern.canon]
 
     @property
     def outputs(self) -> list[fx.Node]:
@@ -148,7 +155,25 @@ class StructuralMatcher:
 
     def match(self, anchor: fx.Node) -> State | None:
         self.failure = Failure()
-        return next(self._node(self.pattern.anchor, anchor, ({}, {})), None)
+        states = self._node(self.pattern.anchor, anchor, ({}, {}))
+        for output, known in self.pattern.extras:
+            states = self._extra(output, known, states)
+        return next(states, None)
+
+    def _extra(self, output: fx.Node, known: fx.Node, states: Iterator[State]) -> Iterator[State]:
+        """Extend each state with a match of ``output``, searched among the users of
+        what its input ``known`` matched."""
+        for nodes, binds in states:
+            if output in nodes:
+                yield nodes, binds
+                continue
+            image = binds.get(known.target) if known.op == "placeholder" else nodes.get(known)
+            if not isinstance(image, fx.Node):
+                self.failure.note(len(nodes), f"output {output.name!r}: its input {known.name!r} "
+                                              f"matched {_describe(image)}, which has no users to search")
+                continue
+            for user in list(image.users):
+                yield from self._node(output, user, (nodes, binds))
 
     def _node(self, p: fx.Node, g: Any, state: State) -> Iterator[State]:
         nodes, binds = state
@@ -159,6 +184,12 @@ class StructuralMatcher:
                                               f"but here it would be {_describe(g)}")
                 return
             yield nodes, {**binds, name: g}
+            return
+        if p.op == "get_attr":  # a pattern module's tensor attribute: any attribute
+            if isinstance(g, fx.Node) and g.op == "get_attr":
+                yield {**nodes, p: g}, binds
+            else:
+                self.failure.note(len(nodes), f"pattern attribute {p.target!r} met {_describe(g)}")
             return
         want = self.pattern.canon[p]
         if not isinstance(g, fx.Node):
@@ -178,12 +209,16 @@ class StructuralMatcher:
             self.failure.note(len(nodes), f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
                                           f"`{have.op if have else g.op + ' ' + str(g.target)}`")
             return
+        if want.inplace and not have.inplace:
+            self.failure.note(len(nodes), f"pattern node {p.name!r} writes in place, node {g.name!r} "
+                                          "does not")
+            return
         if len(have.args) != len(want.args):
             self.failure.note(len(nodes), f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
             return
         nodes = {**nodes, p: g}
         orders = [have.args]
-        if want.op in COMMUTATIVE and len(have.args) >= 2:
+        if is_commutative(want.op) and len(have.args) >= 2:
             orders.append((have.args[1], have.args[0], *have.args[2:]))
         for args in orders:
             yield from self._args(want.args, args, 0, (nodes, binds), g)
@@ -238,15 +273,17 @@ class StructuralMatcher:
 
 # --- soundness ------------------------------------------------------------------------
 
-def _is_fresh(node: fx.Node, canon: Canon | None) -> bool:
-    """Whether ``node`` holds a tensor no other value aliases (it was computed, not viewed)."""
+def _is_fresh(node: fx.Node) -> bool:
+    """Whether ``node`` holds a tensor no other value aliases (it was computed, not viewed):
+    by storage where fake values exist, else by the op facts (an unknown op may return
+    any of its inputs)."""
     if node.op not in ("call_function", "call_method", "call_module"):
         return False
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         mine = storages_of(val)
         return not any(mine & storages_of(i.meta.get("val")) for i in node.all_input_nodes)
-    return canon is not None and canon.op in FRESH_OPS and not canon.inplace
+    return not output_aliases(node) and not mutated_inputs(node)
 
 
 def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Node],
@@ -256,11 +293,11 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
     inside the match (``relu_`` of ``y += z``) is the storage of the tensor *it* wrote
     into, so the check follows the chain of writes down to the tensor that owns it."""
     while isinstance(written, fx.Node):
-        if not (written in matched and written not in outputs or len(written.users) == 1):
+        if not (written in matched and written not in outputs or set(written.users) <= matched):
             return False
-        form = matcher.canon(written)
-        if written not in matched or form is None or not form.inplace:
-            return _is_fresh(written, form)
+        form = matcher.canon(written) if written in matched else None
+        if form is None or not form.inplace:
+            return _is_fresh(written)
         written = form.args[0]
     return False
 
@@ -268,8 +305,8 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
 @dataclass
 class SweepState:
     """Facts about the graph for one sweep: node positions (new nodes get fractions below
-    their anchor's) and, computed only if a match spans many nodes, where in-place writes
-    happen."""
+    their insertion point's) and, computed only if a match spans many nodes, where
+    in-place writes happen."""
 
     positions: dict[fx.Node, float]
     writers: list[float] | None = None
@@ -277,57 +314,89 @@ class SweepState:
     #: matches spanning at most this many nodes are checked by walking the span
     WALK_LIMIT = 64
 
-    def write_between(self, gm: fx.GraphModule, first: fx.Node, anchor: fx.Node,
+    def write_between(self, gm: fx.GraphModule, first: fx.Node, last: fx.Node,
                       matched: set[fx.Node]) -> bool:
-        """Whether a node outside ``matched`` writes in place between ``first`` and ``anchor``."""
+        """Whether a node outside ``matched`` writes in place between ``first`` and ``last``."""
         node, steps = first.next, 0
-        while node is not anchor and steps < self.WALK_LIMIT:
+        while node is not last and steps < self.WALK_LIMIT:
             if node not in matched and mutated_inputs(node):
                 return True
             node, steps = node.next, steps + 1
-        if node is anchor:
+        if node is last:
             return False
         if self.writers is None:  # a long span: index the writers once for this sweep
             self.writers = sorted(self.positions[n] for n in gm.graph.nodes
                                   if n in self.positions and mutated_inputs(n))
         lo = bisect.bisect_right(self.writers, self.positions[first])
-        hi = bisect.bisect_left(self.writers, self.positions[anchor])
+        hi = bisect.bisect_left(self.writers, self.positions[last])
         inside = {self.positions[g] for g in matched if g in self.positions}
         return any(w not in inside for w in self.writers[lo:hi])
 
 
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
-    """The reason ``m`` must not be rewritten, or None if it is sound."""
+    """The reason ``m`` must not be rewritten, or None if it is sound. Sets
+    ``m.insert_at``."""
     forms = matcher.cache  # every matched node was canonicalized while matching
-    anchor = m.anchor
     outputs = set(m.outputs)
-    matched = set(m.nodes.values())
-    for g in list(matched):
+    body = m.body
+    matched = set(body)
+    for g in body:
         for extra in forms[g].interior:
             live = [u for u in extra.users if u is not g and u.users]
             if live:
                 return f"node {extra.name!r} (part of {g.name!r}) is also used by {live[0].name!r}"
             matched.add(extra)
-    first = anchor
     positions = sweep.positions
+    first = min(body, key=positions.__getitem__)
+    last = m.insert_at = max(body, key=positions.__getitem__)
+    why = (_outside_users(m, matched, outputs) or _inplace_problem(m, rule, matched, outputs, matcher)
+           or _early_users(outputs, matched, last, positions))
+    if why:
+        return why
+    if first is not last and sweep.write_between(m.gm, first, last, matched):
+        return "an in-place write outside the match happens between the matched nodes"
+    return rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
+
+
+def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node]) -> str | None:
     for p, g in m.nodes.items():
-        if positions[g] < positions[first]:
-            first = g
-        if g not in outputs:
-            for u in g.users:
-                if u not in matched:
-                    return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
-                            "match; the rewrite would have to keep it (return it from the pattern to allow that)")
-        form = forms[g]
-        if form.inplace and not _write_is_invisible(form.args[0], matched, outputs, matcher):
+        if g in outputs or p not in m.pattern.canon:
+            continue
+        for u in g.users:
+            if u not in matched:
+                return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
+                        "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+    return None
+
+
+def _inplace_problem(m: Match, rule: Rule, matched: set[fx.Node], outputs: set[fx.Node],
+                     matcher: StructuralMatcher) -> str | None:
+    """In-place writes must keep their visible effect: a graph node that writes where the
+    pattern does not must write invisibly; what the replacement writes must be what the
+    pattern writes, or invisible."""
+    for p, g in m.nodes.items():
+        form = matcher.cache.get(g)
+        want = m.pattern.canon.get(p)
+        if form is not None and want is not None and form.inplace and not want.inplace and \
+                not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")
-    if first is not anchor and sweep.write_between(m.gm, first, anchor, matched):
-        return "an in-place write outside the match happens between the matched nodes"
-    anchor_pos = positions[anchor]
-    for out in outputs - {anchor}:
-        early = [u for u in out.users if u not in matched and positions.get(u, anchor_pos + 1) < anchor_pos]
+    pattern_writes, replacement_writes = m.pattern.writes, rule.replacement.writes
+    for name in pattern_writes ^ replacement_writes:
+        bound = m.bindings.get(name)
+        if not _write_is_invisible(bound, matched, outputs, matcher):
+            verb = "would write into" if name in replacement_writes else "drops the write into"
+            return (f"the replacement {verb} argument {name!r} ({_describe(bound)}), which is visible "
+                    "outside the match (a graph input, a parameter or a value used elsewhere)")
+    return None
+
+
+def _early_users(outputs: set[fx.Node], matched: set[fx.Node], last: fx.Node,
+                 positions: dict[fx.Node, float]) -> str | None:
+    last_pos = positions[last]
+    for out in outputs - {last}:
+        early = [u for u in out.users if u not in matched and positions.get(u, last_pos + 1) < last_pos]
         if early:
-            return (f"output {out.name!r} is used by {early[0].name!r} before the anchor {anchor.name!r}; "
-                    "fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
-    return rule.check_constraints(m) if rule.constraints or rule.where else None
+            return (f"output {out.name!r} is used by {early[0].name!r} before the last matched node "
+                    f"{last.name!r}; fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
+    return None

@@ -184,7 +184,7 @@ def test_multi_output_pattern() -> None:
 
     gm = fx.symbolic_trace(EarlyUse())
     assert fp.replace(gm, pattern, replacement) == 0
-    assert "before the anchor" in fp.explain(gm, pattern)
+    assert "before the last matched node" in fp.explain(gm, pattern)
 
 
 def test_overlaps_resolve_deterministically() -> None:
