@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+
+from fxopt.analysis.ops import base_name, is_inplace_name
 
 aten = torch.ops.aten
 
@@ -52,10 +55,6 @@ class Canon:
     #: the ``getitem(..., 0)`` that reads as ``batch_norm``)
     interior: tuple[fx.Node, ...] = field(default=())
 
-
-#: ops whose two tensor operands may be swapped (when the remaining arguments are equal)
-COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "eq", "ne",
-                         "bitwise_and", "bitwise_or", "bitwise_xor", "logical_and", "logical_or"})
 
 _MISSING = object()
 
@@ -324,7 +323,47 @@ def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwarg
             training, momentum, module.eps))
     if type(module) is nn.Linear:
         return Canon("linear", (x, _param(owner, module, "weight"), _param(owner, module, "bias")))
+    return _functional_form(module, owner, x)
+
+
+def _functional(module_type: type) -> Callable | None:
+    """The functional form of a ``torch.nn`` module class, found by name (``LeakyReLU`` ->
+    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``)."""
+    if not module_type.__module__.startswith("torch.nn"):
+        return None
+    name = module_type.__name__
+    for candidate in (re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower(), name.lower()):
+        fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
+        if callable(fn) and not isinstance(fn, type):
+            return fn
     return None
+
+
+def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | None:
+    """A torch.nn module as the call of its functional form, with the module's
+    attributes (``negative_slope``, ``dim``, ``approximate``, ``eps``, ``weight``...)
+    as the arguments of the same name."""
+    fn = _functional(type(module))
+    if fn is None:
+        return None
+    try:
+        names = list(inspect.signature(fn).parameters)[1:]
+    except (TypeError, ValueError):
+        names = list(getattr(module, "__constants__", ()))
+    kwargs = {}
+    for name in names:
+        if name in module.__dict__.get("_parameters", {}) or name in module.__dict__.get("_buffers", {}):
+            kwargs[name] = _param(owner, module, name)
+        elif name in module.__dict__:
+            kwargs[name] = module.__dict__[name]
+    try:
+        form = canonicalize_call(fn, (x,), kwargs)
+    except ValueError:
+        return None
+    if form is not None and any(isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)
+                                for a in form.args[1:]):
+        return None  # attributes that did not bind to the op's arguments
+    return form
 
 
 # --- the generic fallback -------------------------------------------------------------
@@ -337,28 +376,57 @@ def _base_name(target: Any) -> str | None:
     return getattr(target, "__name__", None)
 
 
+def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A torch-level call's arguments as (positional, named), named as the ATen schema names
+    them: ``input`` is ``self``; ``inplace`` and ``_stacklevel`` are not arguments of the op."""
+    try:
+        bound = inspect.signature(target).bind(*args, **kwargs).arguments
+        args, kwargs = (), dict(bound)
+    except (TypeError, ValueError):  # a builtin without a signature: keep the call as written
+        kwargs = dict(kwargs)
+    if "input" in kwargs:
+        kwargs["self"] = kwargs.pop("input")
+    for name in ("inplace", "_stacklevel"):
+        kwargs.pop(name, None)
+    return args, kwargs
+
+
+def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
+    """The arguments bound to the first overload of ``aten.<name>`` they fit (defaults
+    filled in), so that every spelling of the op lists the same arguments."""
+    packet = getattr(aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    for overload in packet.overloads():
+        schema = getattr(packet, overload)._schema
+        if schema.is_mutable and not name.endswith("_"):
+            continue
+        bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                                     for a in schema.arguments])
+        if bound is not None:
+            return bound
+    return None
+
+
 def _generic(target: Any, args: tuple, kwargs: dict) -> Canon | None:
     """Ops outside the table: base name, trailing ``_`` meaning in place, and arguments
-    bound to the schema or Python signature so keyword and positional spellings agree."""
+    bound to the ATen schema of that name (or the Python signature where there is none),
+    so that module, functional, method and ATen spellings list the same arguments."""
     name = _base_name(target)
     if not name:
         return None
-    inplace = name.endswith("_") and not name.startswith("_")
+    inplace = is_inplace_name(name) or kwargs.get("inplace") is True
     if isinstance(target, torch._ops.OpOverload):
-        params = [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                  for a in target._schema.arguments]
-        bound = _bind(args, kwargs, params)
+        bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                                     for a in target._schema.arguments])
     else:
-        try:
-            sig = inspect.signature(target)
-            ba = sig.bind(*args, **kwargs)
-            ba.apply_defaults()
-            bound = list(ba.arguments.values())
-        except (TypeError, ValueError):
-            bound = [*args, *sorted(kwargs.items())]
+        positional, named = _python_binding(target, args, kwargs)
+        bound = _aten_binding(base_name(name), positional, named)
+        if bound is None:
+            bound = [*positional, *sorted(named.items())]
     if bound is None:
         return None
-    return Canon(name.rstrip("_") if inplace else name, tuple(bound), inplace)
+    return Canon(base_name(name), tuple(bound), inplace)
 
 
 def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = False) -> Canon | None:

@@ -58,6 +58,8 @@ class Match:
     bindings: dict[str, Any]
     #: the last matched node in graph order: the replacement is inserted before it
     insert_at: fx.Node | None = None
+    #: what replaces it (set once the match is accepted)
+    replacement: Any = None
 
     @property
     def anchor(self) -> fx.Node:
@@ -79,6 +81,14 @@ class Match:
     def node(self, name: str) -> fx.Node | None:
         value = self.bindings[name]
         return value if isinstance(value, fx.Node) else None
+
+    def module(self, name: str) -> torch.nn.Module | None:
+        """The module that the graph node matched to pattern node ``name`` calls (an
+        ``nn.GELU()`` in the pattern met ``self.act``), or None."""
+        for p, g in self.nodes.items():
+            if p.name == name and g.op == "call_module":
+                return self.gm.get_submodule(g.target)
+        return None
 
     def value(self, name: str) -> Any:
         """The bound tensor (fake for graph nodes, real for module parameters) or literal;
@@ -349,13 +359,17 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     positions = sweep.positions
     first = min(body, key=positions.__getitem__)
     last = m.insert_at = max(body, key=positions.__getitem__)
-    why = (_outside_users(m, matched, outputs) or _inplace_problem(m, rule, matched, outputs, matcher)
-           or _early_users(outputs, matched, last, positions))
+    why = (_outside_users(m, matched, outputs) or _early_users(outputs, matched, last, positions)
+           or _written_outside(m, matched, outputs, matcher))
     if why:
         return why
     if first is not last and sweep.write_between(m.gm, first, last, matched):
         return "an in-place write outside the match happens between the matched nodes"
-    return rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
+    why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
+    if why:
+        return why
+    m.replacement = rule.replacement_of(m)
+    return _replacement_writes(m, matched, outputs, matcher)
 
 
 def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node]) -> str | None:
@@ -369,11 +383,9 @@ def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node]) -> st
     return None
 
 
-def _inplace_problem(m: Match, rule: Rule, matched: set[fx.Node], outputs: set[fx.Node],
+def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
                      matcher: StructuralMatcher) -> str | None:
-    """In-place writes must keep their visible effect: a graph node that writes where the
-    pattern does not must write invisibly; what the replacement writes must be what the
-    pattern writes, or invisible."""
+    """A graph node that writes in place where the pattern does not must write invisibly."""
     for p, g in m.nodes.items():
         form = matcher.cache.get(g)
         want = m.pattern.canon.get(p)
@@ -381,7 +393,13 @@ def _inplace_problem(m: Match, rule: Rule, matched: set[fx.Node], outputs: set[f
                 not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")
-    pattern_writes, replacement_writes = m.pattern.writes, rule.replacement.writes
+    return None
+
+
+def _replacement_writes(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
+                        matcher: StructuralMatcher) -> str | None:
+    """What the replacement writes in place must be what the pattern writes, or invisible."""
+    pattern_writes, replacement_writes = m.pattern.writes, m.replacement.writes
     for name in pattern_writes ^ replacement_writes:
         bound = m.bindings.get(name)
         if not _write_is_invisible(bound, matched, outputs, matcher):

@@ -58,11 +58,24 @@ class Rule:
     """
 
     pattern: CompiledPattern
-    replacement: CompiledReplacement
+    replacement: CompiledReplacement | None
     name: str
     constraints: dict[str, Constraint] = field(default_factory=dict)
     where: tuple[Callable[[Match], bool], ...] = ()
     callback: Callable[[Match], bool | None] | None = None
+    #: a replacement chosen per match (torch.fx's ``replacement_callback``)
+    replacement_for: Callable[[Match], CompiledReplacement] | None = None
+
+    def replacement_of(self, m: Match) -> CompiledReplacement:
+        """The replacement for ``m``, once it passed the constraints."""
+        if self.replacement_for is None:
+            return self.replacement
+        try:
+            return self.replacement_for(m)
+        except PatternError:
+            raise
+        except Exception as exc:
+            raise RuleError(self.name, f"replacement callback raised {type(exc).__name__}: {exc}") from exc
 
     @property
     def anchor_op(self) -> str:
@@ -226,7 +239,7 @@ class _Writer:
         """Inline ``r``'s replacement before the last matched node, reroute the outputs'
         users, erase the matched nodes; return the created nodes."""
         graph, at = self.gm.graph, m.insert_at
-        rep = r.replacement
+        rep = m.replacement
         env: dict[fx.Node, Any] = {}
         created: list[fx.Node] = []
         lookup = env.__getitem__
