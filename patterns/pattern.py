@@ -232,8 +232,9 @@ def compile_replacement(fn: PatternSource, pattern: CompiledPattern, *,
         why = f"it returns {n_outputs} value(s), the pattern {len(pattern.outputs)}"
     if why:
         raise PatternError(f"replacement {describe(fn)} does not fit pattern {pattern.signature}: {why}")
-    missing = [n.target for n in graph.nodes if n.op in ("get_attr", "call_module")
-               and (root is None or lookup_attr(root, n.target) is None)]
+    # torch.fx's rule (positional): an attribute may come from the rewritten module instead
+    missing = [] if positional else [n.target for n in graph.nodes if n.op in ("get_attr", "call_module")
+                                     and (root is None or lookup_attr(root, n.target) is None)]
     if missing:
         raise PatternError(f"replacement {describe(fn)} uses attribute(s) {', '.join(missing)} "
                            "that its module does not have")

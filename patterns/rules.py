@@ -291,8 +291,10 @@ class _Writer:
         key = (id(rep.root), target)
         if key in self.installed:
             return self.installed[key]
-        value = lookup_attr(rep.root, target)
+        value = None if rep.root is None else lookup_attr(rep.root, target)
         existing = lookup_attr(self.gm, target)
+        if value is None:  # a raw graph's attribute, or one the module provides (torch.fx's rule)
+            return target
         name = target
         if existing is None or (existing is not value and not self.keep_existing_attrs):
             name = _free_name(self.gm, target) if existing is not None else target

@@ -633,3 +633,749 @@ def test_replace_pattern_with_filters():
                                            [second_input_is_scalar])
     assert len(matches) == 1
     assert _replacement_nodes_match(traced, matches, {torch.mul}) == 1
+
+
+# --- meta['val'] on replacement nodes --------------------------------------------------------
+
+aten = torch.ops.aten
+
+
+def _export(model, *inputs, **kwargs):
+    return torch.export.export(model, inputs, **kwargs).graph_module
+
+
+class _Relu(torch.nn.Module):
+    def forward(self, x):
+        return aten.relu.default(x)
+
+
+class _Neg(torch.nn.Module):
+    def forward(self, x):
+        return aten.neg.default(x)
+
+
+class _Div(torch.nn.Module):
+    def forward(self, x, y):
+        return aten.div.Tensor(x, y)
+
+
+class _Add(torch.nn.Module):
+    def forward(self, x, y):
+        return aten.add.Tensor(x, y)
+
+
+def _relu(x):
+    return aten.relu.default(x)
+
+
+def _neg(x):
+    return aten.neg.default(x)
+
+
+def _add(x, y):
+    return aten.add.Tensor(x, y)
+
+
+def _node(gm, target):
+    return next(node for node in gm.graph.nodes if node.target == target)
+
+
+def _placeholders(gm):
+    return [node for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def test_replace_pattern_populates_replacement_output_meta_val():
+    gm = _export(_Div(), torch.randn(4), torch.randn(4))
+    matches = replace_pattern(gm, lambda x, y: aten.div.Tensor(x, y), lambda x, y: aten.mul.Tensor(x, y))
+    assert len(matches) == 1
+    nodes = [node for node in gm.graph.nodes if node.target == aten.mul.Tensor]
+    assert len(nodes) == 1
+    val = nodes[0].meta.get("val")
+    assert isinstance(val, torch.Tensor) and val.shape == torch.Size([4]) and val.dtype == torch.float32
+
+
+def test_replace_pattern_populates_shape_changing_replacement_meta_val():
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, lambda x: aten.reshape.default(x, [6]))) == 1
+    val = _node(gm, aten.reshape.default).meta.get("val")
+    assert isinstance(val, torch.Tensor) and val.shape == torch.Size([6])
+
+
+def test_replace_pattern_populates_builtin_replacement_meta_val():
+    def operator_replacement(x, y):
+        return x * y
+
+    def torch_replacement(x, y):
+        return torch.mul(x, y)
+
+    def packet_replacement(x, y):
+        return aten.mul(x, y)
+
+    for replacement, target in [(operator_replacement, operator.mul), (torch_replacement, torch.mul),
+                                (packet_replacement, aten.mul)]:
+        gm = _export(_Div(), torch.randn(4), torch.randn(4))
+        assert len(replace_pattern(gm, lambda x, y: aten.div.Tensor(x, y), replacement)) == 1
+        val = _node(gm, target).meta.get("val")
+        assert isinstance(val, torch.Tensor) and val.shape == torch.Size([4]), replacement.__name__
+
+
+def test_replace_pattern_populates_getitem_replacement_meta_val():
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, lambda x: aten.max.dim(x, 1)[0])) == 1
+    val = _node(gm, operator.getitem).meta.get("val")
+    assert isinstance(val, torch.Tensor) and val.shape == torch.Size([2])
+
+
+def test_replace_pattern_populates_slice_replacement_meta_val():
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, lambda x: x[:, 0])) == 1
+    val = _node(gm, operator.getitem).meta.get("val")
+    assert isinstance(val, torch.Tensor) and val.shape == torch.Size([2])
+
+
+def test_replace_pattern_populates_call_method_replacement_meta_val():
+    cases = [(lambda x: x.relu(), "relu", [2, 3]), (lambda x: x.add(x), "add", [2, 3]),
+             (lambda x: x.reshape(3, 2), "reshape", [3, 2]), (lambda x: x.view(3, 2), "view", [3, 2])]
+    for replacement, target, shape in cases:
+        gm = _export(_Neg(), torch.randn(2, 3))
+        assert len(replace_pattern(gm, _neg, replacement)) == 1
+        val = _node(gm, target).meta.get("val")
+        assert isinstance(val, torch.Tensor) and val.shape == torch.Size(shape), target
+
+
+def test_replace_pattern_populates_torch_function_replacement_meta_val():
+    cases = [(lambda x: torch.relu(x), torch.relu, [2, 3]),
+             (lambda x: torch.cat((x, x), dim=0), torch.cat, [4, 3]),
+             (lambda x: torch.reshape(x, (3, 2)), torch.reshape, [3, 2]),
+             (lambda x: torch.stack((x, x), dim=0), torch.stack, [2, 2, 3]),
+             (lambda x: torch.sin(x), torch.sin, [2, 3])]
+    for replacement, target, shape in cases:
+        gm = _export(_Neg(), torch.randn(2, 3))
+        assert len(replace_pattern(gm, _neg, replacement)) == 1
+        val = _node(gm, target).meta.get("val")
+        assert isinstance(val, torch.Tensor) and val.shape == torch.Size(shape), target
+
+
+def test_replace_pattern_populates_get_attr_replacement_meta_val():
+    class Replacement(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("offset", torch.ones(2, 3))
+
+        def forward(self, x):
+            return aten.add.Tensor(x, self.offset)
+
+    def numel_filter(match, original_graph, pattern_graph):
+        val = match.returning_nodes[0].meta.get("val")
+        return isinstance(val, torch.Tensor) and val.numel() == 6
+
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, Replacement())) == 1
+    assert isinstance(_node(gm, "offset").meta.get("val"), torch.Tensor)
+    assert isinstance(_node(gm, aten.add.Tensor).meta.get("val"), torch.Tensor)
+    matches = replace_pattern_with_filters(gm, _add, lambda x, y: aten.mul.Tensor(x, y), [numel_filter])
+    assert len(matches) == 1
+
+
+class _MmWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.full((3, 4), 7.0))
+
+    def forward(self, x):
+        return aten.mm.default(x, self.weight)
+
+
+def test_replace_pattern_meta_copy_prefers_destination_get_attr():
+    gm = symbolic_trace(_Relu())
+    gm.register_buffer("weight", torch.full((3, 5), 2.0))
+    original_weight = gm.weight
+    _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+    replacement_gm = symbolic_trace(_MmWeight())
+    with FakeTensorMode() as mode:
+        _node(replacement_gm, "weight").meta["val"] = mode.from_tensor(replacement_gm.weight)
+        _node(replacement_gm, aten.mm.default).meta["val"] = mode.from_tensor(torch.empty(2, 4))
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    assert gm.weight is original_weight
+    assert _node(gm, "weight").meta["val"].shape == torch.Size([3, 5])
+    assert _node(gm, aten.mm.default).meta["val"].shape == torch.Size([2, 5])
+    assert gm(torch.ones(2, 3)).shape == torch.Size([2, 5])
+
+
+def test_replace_pattern_meta_copy_recomputes_rebound_get_attr():
+    replacement_gm = symbolic_trace(_MmWeight())
+    with FakeTensorMode() as mode:
+        _node(replacement_gm, "weight").meta["val"] = mode.from_tensor(torch.empty(3, 4))
+        _node(replacement_gm, aten.mm.default).meta["val"] = mode.from_tensor(torch.empty(2, 4))
+    replacement_gm.weight = torch.full((3, 5), 2.0)
+    gm = symbolic_trace(_Relu())
+    _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    assert _node(gm, "weight").meta["val"].shape == torch.Size([3, 5])
+    assert _node(gm, aten.mm.default).meta["val"].shape == torch.Size([2, 5])
+    assert gm(torch.ones(2, 3)).shape == torch.Size([2, 5])
+
+
+def test_replace_pattern_meta_copy_invalidates_raw_graph_get_attr():
+    gm = symbolic_trace(_Relu())
+    gm.register_buffer("weight", torch.full((3, 5), 2.0))
+    _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    weight = graph.get_attr("weight")
+    mm = graph.call_function(aten.mm.default, (x, weight))
+    graph.output(mm)
+    with FakeTensorMode() as mode:
+        weight.meta["val"] = mode.from_tensor(torch.empty(3, 4))
+        mm.meta["val"] = mode.from_tensor(torch.empty(2, 4))
+    assert len(replace_pattern(gm, _relu, graph)) == 1
+    assert _node(gm, "weight").meta["val"].shape == torch.Size([3, 5])
+    assert _node(gm, aten.mm.default).meta["val"].shape == torch.Size([2, 5])
+    assert gm(torch.ones(2, 3)).shape == torch.Size([2, 5])
+
+
+def test_replace_pattern_meta_copy_does_not_read_destination_descriptor():
+    descriptor_accesses = 0
+    gm = symbolic_trace(_Relu())
+    gm_type = type(gm)
+
+    def read_danger(self):
+        nonlocal descriptor_accesses
+        descriptor_accesses += 1
+        return torch.ones(2, 3)
+
+    gm_type.danger = property(read_danger)
+    try:
+        _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+        graph = torch.fx.Graph()
+        graph.placeholder("x")
+        graph.output(graph.get_attr("danger"))
+        assert len(replace_pattern(gm, _relu, graph)) == 1
+        assert descriptor_accesses == 0
+        assert "val" not in _node(gm, "danger").meta
+    finally:
+        del gm_type.danger
+
+
+def test_replace_pattern_meta_copy_invalidates_destination_call_module():
+    class Replacement(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 4)
+
+        def forward(self, x):
+            return torch.sin(self.linear(x))
+
+    gm = symbolic_trace(_Relu())
+    destination_linear = torch.nn.Linear(3, 5)
+    gm.add_module("linear", destination_linear)
+    _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+    replacement_gm = symbolic_trace(Replacement())
+    with FakeTensorMode() as mode:
+        for node in replacement_gm.graph.nodes:
+            if node.target == "linear" or node.target == torch.sin:
+                node.meta["val"] = mode.from_tensor(torch.empty(2, 4))
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    assert gm.linear is destination_linear
+    assert "val" not in _node(gm, "linear").meta
+    assert "val" not in _node(gm, torch.sin).meta
+    assert gm(torch.ones(2, 3)).shape == torch.Size([2, 5])
+
+
+def test_replace_pattern_meta_copy_invalidates_call_module_inputs():
+    class Consumer(torch.nn.Module):
+        def forward(self, x, weight):
+            return aten.mm.default(x, weight)
+
+    consumer = Consumer()
+    gm = symbolic_trace(_Relu())
+    gm.register_buffer("weight", torch.full((3, 5), 2.0))
+    gm.add_module("consumer", consumer)
+    _placeholders(gm)[0].meta["val"] = torch.ones(2, 3)
+    root = torch.nn.Module()
+    root.register_buffer("weight", torch.full((3, 4), 7.0))
+    root.add_module("consumer", consumer)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    weight = graph.get_attr("weight")
+    call_module = graph.call_module("consumer", (x, weight))
+    sin = graph.call_function(torch.sin, (call_module,))
+    graph.output(sin)
+    replacement_gm = torch.fx.GraphModule(root, graph)
+    with FakeTensorMode() as mode:
+        weight.meta["val"] = mode.from_tensor(torch.empty(3, 4))
+        call_module.meta["val"] = mode.from_tensor(torch.empty(2, 4))
+        sin.meta["val"] = mode.from_tensor(torch.empty(2, 4))
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    assert _node(gm, "weight").meta["val"].shape == torch.Size([3, 5])
+    assert "val" not in _node(gm, "consumer").meta
+    assert "val" not in _node(gm, torch.sin).meta
+    assert gm(torch.ones(2, 3)).shape == torch.Size([2, 5])
+
+
+def test_replace_pattern_populates_parameter_meta_val():
+    class Replacement(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(3, 4))
+
+        def forward(self, x):
+            return aten.mm.default(x, self.weight)
+
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, Replacement())) == 1
+    assert isinstance(_node(gm, "weight").meta.get("val"), FakeTensor)
+    mm_val = _node(gm, aten.mm.default).meta.get("val")
+    assert isinstance(mm_val, FakeTensor) and mm_val.shape == torch.Size([2, 4])
+
+
+def test_replace_pattern_populates_real_tensor_meta_val():
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    gm = symbolic_trace(_Add())
+    placeholders = _placeholders(gm)
+    placeholders[0].meta["val"], placeholders[1].meta["val"] = x, y
+    assert len(replace_pattern(gm, _add, lambda x, y: aten.mul.Tensor(x, y))) == 1
+    val = _node(gm, aten.mul.Tensor).meta.get("val")
+    assert isinstance(val, FakeTensor) and val.shape == torch.Size([2, 3]) and val.dtype == torch.float32
+    assert placeholders[0].meta["val"] is x  # placeholders' meta never changes
+
+
+def test_replace_pattern_populates_symbolic_scalar_meta_val():
+    def replacement(x):
+        size = aten.sym_size.int(x, 0)
+        return aten.view.default(x, [size, -1])
+
+    gm = _export(_Relu(), torch.randn(3, 4), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    assert len(replace_pattern(gm, _relu, replacement)) == 1
+    assert type(_node(gm, aten.sym_size.int).meta.get("val")) is torch.SymInt
+    view_val = _node(gm, aten.view.default).meta.get("val")
+    assert isinstance(view_val, FakeTensor)
+    assert type(view_val.shape[0]) is torch.SymInt and view_val.shape[1] == 4
+
+
+def _mul_after_custom_placeholder_meta(value_for, replacement=lambda x, y: x * y, target=operator.mul):
+    gm = _export(_Add(), torch.randn(4), torch.randn(4))
+    for i, node in enumerate(_placeholders(gm)):
+        value = value_for(i)
+        if value is not None:
+            node.meta["val"] = value
+    assert len(replace_pattern(gm, _add, replacement)) == 1
+    return _node(gm, target)
+
+
+def test_replace_pattern_meta_copy_does_not_run_custom_meta_value():
+    calls = 0
+
+    class CustomMeta:
+        def __mul__(self, other):
+            nonlocal calls
+            calls += 1
+            return self
+
+        __rmul__ = __mul__
+
+    node = _mul_after_custom_placeholder_meta(lambda i: CustomMeta())
+    assert calls == 0 and "val" not in node.meta
+
+
+def test_replace_pattern_meta_copy_skips_cyclic_metadata():
+    cyclic_meta = [torch.randn(2, 3)]
+    cyclic_meta.append(cyclic_meta)
+    gm = symbolic_trace(_Relu())
+    _placeholders(gm)[0].meta["val"] = cyclic_meta
+    assert len(replace_pattern(gm, _relu, _neg)) == 1
+    assert "val" not in _node(gm, aten.neg.default).meta
+
+
+def test_replace_pattern_meta_copy_does_not_run_custom_scalar_meta_value():
+    calls = 0
+
+    class CustomInt(int):
+        def __mul__(self, other):
+            nonlocal calls
+            calls += 1
+            return self
+
+        __rmul__ = __mul__
+
+    node = _mul_after_custom_placeholder_meta(lambda i: CustomInt(2) if i == 1 else None,
+                                              replacement=lambda x, y: y * x)
+    assert calls == 0 and "val" not in node.meta
+
+
+def test_replace_pattern_meta_copy_does_not_read_custom_class_descriptor():
+    accesses = 0
+
+    class SpoofedClass:
+        @property
+        def __class__(self):
+            nonlocal accesses
+            accesses += 1
+            return torch.Tensor
+
+    node = _mul_after_custom_placeholder_meta(lambda i: SpoofedClass())
+    assert accesses == 0 and "val" not in node.meta
+
+
+def test_replace_pattern_meta_copy_does_not_run_tensor_subclass():
+    calls = 0
+
+    class CustomTensor(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem):
+            return torch.Tensor._make_subclass(cls, elem, elem.requires_grad)
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            nonlocal calls
+            calls += 1
+            return super().__torch_function__(func, types, args, kwargs)
+
+    values = [CustomTensor(torch.randn(4)) for _ in range(2)]
+    calls = 0
+    node = _mul_after_custom_placeholder_meta(lambda i: values[i])
+    assert calls == 0 and "val" not in node.meta
+
+
+def test_replace_pattern_meta_copy_does_not_run_tuple_subclass():
+    calls = 0
+
+    class max(tuple):  # noqa: A001 - torch's test spoofs torch.return_types.max
+        __module__ = "torch.return_types"
+        __slots__ = ()
+
+        def __new__(cls, values, indices):
+            nonlocal calls
+            calls += 1
+            return tuple.__new__(cls, (values, indices))
+
+    gm = symbolic_trace(type("M", (torch.nn.Module,), {"forward": lambda self, x: x + 1})())
+    _placeholders(gm)[0].meta["val"] = max(torch.randn(4), torch.zeros(4, dtype=torch.long))
+    calls = 0
+    assert len(replace_pattern(gm, lambda x: x + 1, lambda x: x[0])) == 1
+    assert calls == 0 and "val" not in _node(gm, operator.getitem).meta
+
+
+def test_replace_pattern_meta_copy_skips_unsafe_call_method():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_method("__getattribute__", (x, "relu")))
+    gm = _export(_Neg(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _neg, graph)) == 1
+    assert "val" not in _node(gm, "__getattribute__").meta
+
+
+def test_replace_pattern_meta_copy_skips_non_tensor_method():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_method("sym_size", (x, 0)))
+    gm = symbolic_trace(_Neg())
+    _placeholders(gm)[0].meta["val"] = torch.randn(2, 3)
+    assert len(replace_pattern(gm, _neg, graph)) == 1
+    assert "val" not in _node(gm, "sym_size").meta
+
+
+def test_replace_pattern_recomputes_preannotated_replacement_meta_val():
+    replacement_gm = symbolic_trace(_neg)
+    with FakeTensorMode() as mode:
+        stale = mode.from_tensor(torch.empty(2, 3))
+    _node(replacement_gm, aten.neg.default).meta["val"] = stale
+    gm = _export(_Relu(), torch.randn(4, 5))
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    copied = _node(gm, aten.neg.default)
+    assert copied.meta.get("val") is not stale and copied.meta["val"].shape == torch.Size([4, 5])
+
+
+def test_replace_pattern_replaces_none_replacement_meta_val():
+    replacement_gm = symbolic_trace(lambda x: aten.reshape.default(x, [6]))
+    _node(replacement_gm, aten.reshape.default).meta["val"] = None
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, replacement_gm)) == 1
+    val = _node(gm, aten.reshape.default).meta.get("val")
+    assert isinstance(val, torch.Tensor) and val.shape == torch.Size([6])
+
+
+def test_replace_pattern_with_filters_populates_returning_node_meta_val():
+    def numel_filter(match, original_graph, pattern_graph):
+        val = match.returning_nodes[0].meta.get("val")
+        return isinstance(val, torch.Tensor) and val.numel() == 4
+
+    gm = _export(_Div(), torch.randn(4), torch.randn(4))
+    matches = replace_pattern_with_filters(gm, lambda x, y: aten.div.Tensor(x, y),
+                                           lambda x, y: aten.mul.Tensor(x, y), [numel_filter])
+    assert len(matches) == 1
+    mul_node = matches[0].replacements[0]
+    assert mul_node.target == aten.mul.Tensor and isinstance(mul_node.meta.get("val"), torch.Tensor)
+    matches = replace_pattern_with_filters(gm, lambda x, y: aten.mul.Tensor(x, y), _add, [numel_filter])
+    assert len(matches) == 1
+    add_node = matches[0].replacements[0]
+    assert add_node.target == aten.add.Tensor and isinstance(add_node.meta.get("val"), torch.Tensor)
+
+
+def test_replace_pattern_meta_copy_does_not_run_wrapped_replacement():
+    global _side_effect_replacement_call_count
+    _side_effect_replacement_call_count = 0
+    gm = _export(_Relu(), torch.randn(2, 3))
+    assert len(replace_pattern(gm, _relu, lambda x: side_effect_replacement(x))) == 1
+    assert _side_effect_replacement_call_count == 0
+    (node,) = [n for n in gm.graph.nodes if n.target == side_effect_replacement]
+    assert "val" not in node.meta
+
+
+def test_replace_pattern_meta_copy_does_not_trust_jit_builtin_registry():
+    count = 0
+
+    def side_effect(x):
+        nonlocal count
+        count += 1
+        return x
+
+    builtin_table = torch.jit._builtins._get_builtin_table()
+    torch.jit._builtins._register_builtin(side_effect, "aten::sin")
+    try:
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(side_effect, (x,)))
+        gm = _export(_Relu(), torch.randn(2, 3))
+        assert len(replace_pattern(gm, _relu, graph)) == 1
+        assert count == 0 and "val" not in _node(gm, side_effect).meta
+    finally:
+        builtin_table.pop(id(side_effect), None)
+
+
+def test_replace_pattern_preserves_unsupported_preannotated_meta_val():
+    def custom_replacement(x):
+        return x
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    replacement = graph.call_function(custom_replacement, (x,))
+    graph.output(replacement)
+    annotated = torch.empty(4, 5)
+    replacement.meta["val"] = annotated
+    gm = _export(_Relu(), torch.randn(4, 5))
+    assert len(replace_pattern(gm, _relu, graph)) == 1
+    assert _node(gm, custom_replacement).meta["val"] is annotated
+
+
+def test_replace_pattern_meta_copy_does_not_run_custom_op_fake():
+    calls = 0
+    with torch.library._scoped_library("subgraph_rewriter_test", "FRAGMENT") as lib:
+        torch.library.define("subgraph_rewriter_test::custom_replacement", "(Tensor x) -> Tensor", lib=lib)
+
+        @torch.library.impl("subgraph_rewriter_test::custom_replacement", "CPU", lib=lib)
+        def custom_replacement_cpu(x):
+            return x.clone()
+
+        @torch.library.register_fake("subgraph_rewriter_test::custom_replacement", lib=lib)
+        def custom_replacement_fake(x):
+            nonlocal calls
+            calls += 1
+            return x.clone()
+
+        op = torch.ops.subgraph_rewriter_test.custom_replacement.default
+        gm = _export(_Relu(), torch.randn(2, 3))
+        assert len(replace_pattern(gm, _relu, lambda x: op(x))) == 1
+        assert calls == 0 and "val" not in _node(gm, op).meta
+
+
+def test_replace_pattern_meta_copy_does_not_run_python_defined_aten_fake():
+    calls = 0
+    with torch.library._scoped_library("aten", "FRAGMENT") as lib:
+        torch.library.define("aten::_subgraph_rewriter_test_custom", "(Tensor x) -> Tensor", lib=lib)
+
+        @torch.library.register_fake("aten::_subgraph_rewriter_test_custom", lib=lib)
+        def custom_replacement_fake(x):
+            nonlocal calls
+            calls += 1
+            return x.clone()
+
+        packet = aten._subgraph_rewriter_test_custom
+        for replacement, target in [(lambda x: packet.default(x), packet.default), (lambda x: packet(x), packet)]:
+            gm = _export(_Relu(), torch.randn(2, 3))
+            assert len(replace_pattern(gm, _relu, replacement)) == 1
+            assert calls == 0 and "val" not in _node(gm, target).meta
+
+
+def test_replace_pattern_meta_copy_skips_data_dependent_op():
+    gm = symbolic_trace(_Relu())
+    _placeholders(gm)[0].meta["val"] = torch.randn(2, 3)
+    assert len(replace_pattern(gm, _relu, lambda x: aten.nonzero.default(x))) == 1
+    assert "val" not in _node(gm, aten.nonzero.default).meta
+
+
+def test_replace_pattern_meta_copy_skips_invalid_operator_inputs():
+    gm = symbolic_trace(_Relu())
+    _placeholders(gm)[0].meta["val"] = torch.randn(4)
+    assert len(replace_pattern(gm, _relu, lambda x: torch.reshape(x, (3, 2)))) == 1
+    gm.graph.lint()
+    assert not any(node.target == aten.relu.default for node in gm.graph.nodes)
+    assert "val" not in _node(gm, torch.reshape).meta
+
+
+def test_replace_pattern_meta_copy_skips_mixed_fake_modes():
+    gm = symbolic_trace(_Add())
+    for placeholder in _placeholders(gm):
+        with FakeTensorMode() as mode:
+            placeholder.meta["val"] = mode.from_tensor(torch.randn(4))
+    assert len(replace_pattern(gm, _add, lambda x, y: aten.mul.Tensor(x, y))) == 1
+    assert "val" not in _node(gm, aten.mul.Tensor).meta
+
+
+def test_replace_pattern_meta_copy_skips_unsupported_tensor_metadata():
+    gm = symbolic_trace(_Relu())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.quantize_per_tensor.*")
+        quantized = torch.quantize_per_tensor(torch.randn(2, 3), scale=0.1, zero_point=0, dtype=torch.qint8)
+    _placeholders(gm)[0].meta["val"] = quantized
+    assert len(replace_pattern(gm, _relu, _neg)) == 1
+    assert "val" not in _node(gm, aten.neg.default).meta
+
+
+def test_replace_pattern_meta_copy_preserves_cross_input_aliases():
+    from torch.fx.immutable_collections import immutable_dict
+
+    class M(torch.nn.Module):
+        def forward(self, values, key):
+            return values[key]
+
+    gm = symbolic_trace(M())
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.randn(2, 3))
+    placeholders = _placeholders(gm)
+    placeholders[0].meta["val"] = immutable_dict({fake: fake})
+    placeholders[1].meta["val"] = fake
+    assert len(replace_pattern(gm, lambda values, key: values[key], lambda values, key: values[key])) == 1
+    assert isinstance(_node(gm, operator.getitem).meta.get("val"), FakeTensor)
+
+
+def test_replace_pattern_meta_copy_does_not_mutate_existing_meta_val():
+    # Differs from torch on purpose: the in-place replacement would write into the
+    # caller's input, so fxopt refuses the match (docs/replace_pattern.md).
+    gm = _export(_Relu(), torch.randn(2, 3))
+    placeholder = _placeholders(gm)[0]
+    original_shape = placeholder.meta["val"].shape
+    assert replace_pattern(gm, _relu, lambda x: aten.transpose_.default(x, 0, 1)) == []
+    assert placeholder.meta["val"].shape == original_shape
+    # where the written tensor is the match's own, the rewrite happens, and the value it
+    # wrote into keeps its metadata while the new node gets the transposed shape
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return aten.relu.default(aten.mul.Tensor(x, 2.0))
+
+    gm = _export(M(), torch.randn(2, 3))
+    doubled = _node(gm, aten.mul.Tensor)
+    assert len(replace_pattern(gm, _relu, lambda x: aten.transpose_.default(x, 0, 1))) == 1
+    assert doubled.meta["val"].shape == torch.Size([2, 3])
+    assert _node(gm, aten.transpose_.default).meta["val"].shape == torch.Size([3, 2])
+    x = torch.randn(2, 3)
+    (out,) = gm(x)
+    assert_equal(out, (x * 2.0).t())
+
+
+def test_replace_pattern_meta_copy_skips_existing_replacement_node():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return aten.view.default(x, [6])
+
+    gm = _export(M(), torch.randn(2, 3))
+    placeholder = _placeholders(gm)[0]
+    original_shape = placeholder.meta["val"].shape
+    assert len(replace_pattern(gm, lambda x: aten.view.default(x, [6]), lambda x: x)) == 1
+    assert placeholder.meta["val"].shape == original_shape
+
+
+def test_matching_pattern_with_list_type_arg():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return aten._reshape_alias_copy.default(x, [1, 2], [3, 4])
+
+    def pattern(x, arg0, arg1):
+        return aten._reshape_alias_copy.default(x, arg0, arg1)
+
+    def replacement(x, arg0, arg1):
+        return aten._reshape_alias_copy.default(x, arg1, arg0)
+
+    traced = symbolic_trace(M())
+    assert len(replace_pattern(traced, pattern, replacement)) == 1
+    assert traced.code.strip() == (
+        "def forward(self, x):\n"
+        "    _reshape_alias_copy_default_1 = torch.ops.aten._reshape_alias_copy.default(x, [3, 4], [1, 2]);"
+        "  x = None\n"
+        "    return _reshape_alias_copy_default_1")
+
+
+def test_replacement_with_attrs():
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.tensor([1])
+            self.b = torch.tensor([2])
+
+        def forward(self, x):
+            return x + self.a - self.b
+
+    class Pattern(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.tensor([1])
+
+        def forward(self, x):
+            return x + self.a
+
+    class Replacement(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = torch.tensor([3])
+
+        def forward(self, x):
+            return x - self.c
+
+    traced = symbolic_trace(M())
+    assert len(replace_pattern(traced, Pattern(), Replacement())) == 1
+    x = torch.tensor([10])
+    assert_equal(traced(x), x - 3 - 2)
+
+
+def test_matching_variable_arguments():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return aten.max_pool2d_with_indices.default(x, [2, 2], stride=[2, 2])
+
+    def pattern(x, kernel_size, stride):
+        # default padding is [0, 0]
+        return aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding=[0, 0])
+
+    traced = symbolic_trace(M())
+    assert len(replace_pattern(traced, pattern, pattern)) == 1
+
+
+def test_replaced_nodes():
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.add(x, y)
+
+    def replacement(x, y):
+        return torch.sub(torch.mul(x, y), y)
+
+    traced = symbolic_trace(M())
+    matches = replace_pattern_with_filters(traced, lambda x, y: torch.add(x, y), replacement)
+    assert _replacement_nodes_match(traced, matches, {torch.sub, torch.mul}) == 2
+
+
+def test_replace_pattern_with_callback():
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.add(x, y)
+
+    def pattern(x, y):
+        return torch.add(x, y)
+
+    def replacement(x, y):
+        return torch.sub(torch.mul(x, y), y)
+
+    traced = symbolic_trace(M())
+    # the same replacement for every match, a new graph object each time
+    matches = replace_pattern_with_filters(
+        traced, pattern, replacement_callback=lambda *args: symbolic_trace(replacement).graph)
+    assert _replacement_nodes_match(traced, matches, {torch.sub, torch.mul}) == 2
