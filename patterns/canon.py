@@ -29,7 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.ops import base_name, is_inplace_name
+from fxopt.analysis.ops import base_name, is_inplace_name, torch_name
 
 aten = torch.ops.aten
 
@@ -328,14 +328,17 @@ def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwarg
 
 def _functional(module_type: type) -> Callable | None:
     """The functional form of a ``torch.nn`` module class, found by name (``LeakyReLU`` ->
-    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``)."""
+    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``,
+    ``RMSNorm`` -> ``F.rms_norm``)."""
     if not module_type.__module__.startswith("torch.nn"):
         return None
     name = module_type.__name__
-    for candidate in (re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower(), name.lower()):
-        fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
-        if callable(fn) and not isinstance(fn, type):
-            return fn
+    for spelling in (name, name.replace("ReLU", "Relu")):
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", spelling).lower()
+        for candidate in (snake, spelling.lower()):
+            fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
+            if callable(fn) and not isinstance(fn, type):
+                return fn
     return None
 
 
@@ -348,8 +351,10 @@ def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | No
         return None
     try:
         names = list(inspect.signature(fn).parameters)[1:]
-    except (TypeError, ValueError):
-        names = list(getattr(module, "__constants__", ()))
+    except (TypeError, ValueError):  # a builtin: the arguments of the ATen op of its name
+        packet = getattr(aten, _base_name(fn) or "", None)
+        names = [a.name for o in getattr(packet, "overloads", list)()
+                 for a in getattr(packet, o)._schema.arguments[1:]]
     kwargs = {}
     for name in names:
         if name in module.__dict__.get("_parameters", {}) or name in module.__dict__.get("_buffers", {}):
@@ -373,7 +378,7 @@ def _base_name(target: Any) -> str | None:
         return target._schema.name.split("::")[-1]
     if isinstance(target, torch._ops.OpOverloadPacket):
         return target._qualified_op_name.split("::")[-1]
-    return getattr(target, "__name__", None)
+    return torch_name(target) or getattr(target, "__name__", None)
 
 
 def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -401,8 +406,12 @@ def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
         schema = getattr(packet, overload)._schema
         if schema.is_mutable and not name.endswith("_"):
             continue
-        bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                                     for a in schema.arguments])
+        names = [a.name for a in schema.arguments]
+        named = kwargs
+        if "self" in kwargs and "self" not in names and "input" in names:  # aten.layer_norm
+            named = {("input" if k == "self" else k): v for k, v in kwargs.items()}
+        bound = _bind(args, named, [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                                    for a in schema.arguments])
         if bound is not None:
             return bound
     return None

@@ -31,7 +31,7 @@ from fxopt.patterns.pattern import (
     compile_replacement,
     describe,
 )
-from fxopt.patterns.rules import Rewrite, Rule, apply_rules
+from fxopt.patterns.rules import Rewrite, Rule, apply_once
 from torch.fx.passes.utils.matcher_utils import InternalMatch
 from torch.fx.subgraph_rewriter import ReplacedPatterns
 
@@ -82,8 +82,8 @@ def replace_pattern(gm: fx.GraphModule, pattern: PatternSource, replacement: Pat
              callback=accept if filters else None,
              replacement_for=_per_match(replacement_callback, compiled, gm) if replacement_callback else None)
     records: list[Rewrite] = []
-    apply_rules(gm, [r], pass_name="replace_pattern", max_rounds=1, records=records,
-                keep_existing_attrs=True)
+    apply_once(gm, [r], pass_name="replace_pattern", max_rounds=1, records=records,
+               keep_existing_attrs=True)
     gm.recompile()
     if isinstance(replacement, nn.Module):
         gm.delete_all_unused_submodules()

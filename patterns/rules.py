@@ -42,6 +42,7 @@ from fxopt.pass_protocol import Pass, PassResult
 from fxopt.pipeline import Conditional, SequencePass
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
+from fxopt.snapshot import GraphSnapshot, ModuleState
 
 Constraint = Callable[[Any], bool]
 
@@ -385,10 +386,26 @@ def replace(gm: fx.GraphModule, pattern: Callable | Rule, replacement: Callable 
     """One-shot rewrite, like ``torch.fx.subgraph_rewriter.replace_pattern`` but matching
     every spelling: returns the number of rewrites and recompiles ``gm``."""
     r = _as_rule(pattern, replacement, where, constraints)
-    count = sum(apply_rules(gm, [r]).values())
+    count = sum(apply_once(gm, [r]).values())
     if count:
         gm.recompile()
     return count
+
+
+def apply_once(gm: fx.GraphModule, rules: Sequence[Rule], **options: Any) -> dict[str, int]:
+    """:func:`apply_rules` outside a PassManager, all or nothing: if a rule's own code
+    (a constraint, a callback) raises, the graph and module are put back as they were
+    and the :class:`~fxopt.errors.RuleError` propagates. The snapshot is taken only
+    for rules that run user code per match."""
+    if not any(r.constraints or r.where or r.callback or r.replacement_for for r in rules):
+        return apply_rules(gm, rules, **options)
+    snapshot, state = GraphSnapshot.take(gm.graph), ModuleState(gm)
+    try:
+        return apply_rules(gm, rules, **options)
+    except (RuleError, PatternError):
+        state.restore()
+        gm.graph = snapshot.build(gm)
+        raise
 
 
 def find_matches(gm: fx.GraphModule, pattern: Callable | Rule, **constraints: Constraint) -> list[Match]:

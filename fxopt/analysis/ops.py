@@ -222,7 +222,8 @@ def _torch_callables() -> dict[int, tuple[Any, str]]:
     """id(callable) -> (callable, name) for everything torch exports under a public name."""
     index: dict[int, tuple[Any, str]] = {}
     for namespace in _TORCH_NAMESPACES:
-        for name in dir(namespace):
+        # public names first: F.threshold is also F._threshold, and "threshold" is its name
+        for name in sorted(dir(namespace), key=lambda n: n.startswith("_")):
             if name.startswith("__"):
                 continue
             obj = getattr(namespace, name, None)
