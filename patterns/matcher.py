@@ -13,10 +13,14 @@ overlaps resolve the same way every run). A structural match is then checked:
   replacement writes into what the matched code wrote into, nothing more, unless that
   tensor is invisible outside the match (never a graph input, parameter or anything
   the caller can see);
-- no in-place write outside the match falls between the matched nodes (the replacement
-  reads its inputs at the insertion point, later than the original did);
-- outputs have no users before the last matched node (the replacement is inserted
-  there; nodes are never reordered, so a rewrite can never create a cycle);
+- the replacement is inserted right after its latest input, unless a node that writes,
+  draws random numbers or is unknown lies between there and the last matched node; then
+  it is inserted before the last matched node, no in-place write may fall between the
+  matched nodes and no output may be used before that node (nodes are never reordered,
+  so a rewrite can never create a cycle);
+- interior nodes have no users outside the match but reads of their metadata that a
+  same-shaped output can answer (``assert x.ndim == 4`` on a conv output that a folded
+  conv replaces);
 - the rule's constraints and its per-match callback accept it.
 
 Every failure is phrased for :func:`fxopt.patterns.explain`.
@@ -25,7 +29,7 @@ Every failure is phrased for :func:`fxopt.patterns.explain`.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +39,15 @@ from fxopt.patterns.canon import Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.ops import is_commutative, mutated_inputs, output_aliases
+from fxopt.analysis.ops import (
+    is_barrier,
+    is_commutative,
+    is_random,
+    mutated_inputs,
+    only_checks,
+    output_aliases,
+    reads_only_metadata,
+)
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule
@@ -312,40 +324,65 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
     return False
 
 
+def _blocks_write(node: fx.Node) -> bool:
+    return bool(mutated_inputs(node))
+
+
+def _blocks_move(node: fx.Node) -> bool:
+    """Computation may not move across ``node``: it writes, is unknown, a collective,
+    stateful, or draws random numbers (a random replacement would change the stream); a
+    check (``torch._assert``) only raises, which moving pure code across cannot change."""
+    return (is_barrier(node) or is_random(node)) and not only_checks(node)
+
+
 @dataclass
 class SweepState:
     """Facts about the graph for one sweep: node positions (new nodes get fractions below
-    their insertion point's) and, computed only if a match spans many nodes, where
-    in-place writes happen."""
+    their insertion point's) and, computed only if a match spans many nodes, where the
+    nodes that block a rewrite are."""
 
     positions: dict[fx.Node, float]
-    writers: list[float] | None = None
+    blockers: dict[Callable[[fx.Node], bool], list[float]] = field(default_factory=dict)
 
-    #: matches spanning at most this many nodes are checked by walking the span
+    #: spans of at most this many nodes are checked by walking them
     WALK_LIMIT = 64
 
-    def write_between(self, gm: fx.GraphModule, first: fx.Node, last: fx.Node,
-                      matched: set[fx.Node]) -> bool:
-        """Whether a node outside ``matched`` writes in place between ``first`` and ``last``."""
-        node, steps = first.next, 0
-        while node is not last and steps < self.WALK_LIMIT:
-            if node not in matched and mutated_inputs(node):
+    def blocked(self, gm: fx.GraphModule, start: fx.Node, stop: fx.Node, matched: set[fx.Node],
+                blocks: Callable[[fx.Node], bool]) -> bool:
+        """Whether a node outside ``matched``, from ``start`` up to ``stop`` (excluded),
+        is one that ``blocks``."""
+        node, steps = start, 0
+        while node is not stop and steps < self.WALK_LIMIT:
+            if node not in matched and blocks(node):
                 return True
             node, steps = node.next, steps + 1
-        if node is last:
+        if node is stop:
             return False
-        if self.writers is None:  # a long span: index the writers once for this sweep
-            self.writers = sorted(self.positions[n] for n in gm.graph.nodes
-                                  if n in self.positions and mutated_inputs(n))
-        lo = bisect.bisect_right(self.writers, self.positions[first])
-        hi = bisect.bisect_left(self.writers, self.positions[last])
+        if blocks not in self.blockers:  # a long span: index the blockers once for this sweep
+            self.blockers[blocks] = sorted(self.positions[n] for n in gm.graph.nodes
+                                           if n in self.positions and blocks(n))
+        index = self.blockers[blocks]
+        lo = bisect.bisect_left(index, self.positions[start])
+        hi = bisect.bisect_left(index, self.positions[stop])
         inside = {self.positions[g] for g in matched if g in self.positions}
-        return any(w not in inside for w in self.writers[lo:hi])
+        return any(w not in inside for w in index[lo:hi])
+
+
+def _earliest_point(m: Match, first: fx.Node, positions: dict[fx.Node, float]) -> fx.Node:
+    """The earliest node before which the replacement can run: right after its latest
+    input (attributes excepted: they are read again where needed), or before the first
+    matched node."""
+    inputs = [b for b in m.bindings.values() if isinstance(b, fx.Node) and b.op != "get_attr"]
+    latest = max(inputs, key=positions.__getitem__, default=None)
+    if latest is None or positions[latest] < positions[first]:
+        return first
+    return latest.next
 
 
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
     """The reason ``m`` must not be rewritten, or None if it is sound. Sets
-    ``m.insert_at``."""
+    ``m.insert_at``: as early as the inputs allow when nothing that blocks a move lies in
+    between (then no user of an output can come before it), else the last matched node."""
     forms = matcher.cache  # every matched node was canonicalized while matching
     outputs = set(m.outputs)
     body = m.body
@@ -358,13 +395,19 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
             matched.add(extra)
     positions = sweep.positions
     first = min(body, key=positions.__getitem__)
-    last = m.insert_at = max(body, key=positions.__getitem__)
-    why = (_outside_users(m, matched, outputs) or _early_users(outputs, matched, last, positions)
-           or _written_outside(m, matched, outputs, matcher))
+    last = max(body, key=positions.__getitem__)
+    early = _earliest_point(m, first, positions)
+    if early is not last and not sweep.blocked(m.gm, early, last, matched, _blocks_move):
+        m.insert_at = early
+        why = None
+    else:
+        m.insert_at = last
+        why = _early_users(outputs, matched, last, positions)
+        if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_write):
+            why = "an in-place write outside the match happens between the matched nodes"
+    why = why or _outside_users(m, matched, outputs, positions) or _written_outside(m, matched, outputs, matcher)
     if why:
         return why
-    if first is not last and sweep.write_between(m.gm, first, last, matched):
-        return "an in-place write outside the match happens between the matched nodes"
     why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
     if why:
         return why
@@ -372,11 +415,19 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     return _replacement_writes(m, matched, outputs, matcher)
 
 
-def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node]) -> str | None:
+def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
+                   positions: dict[fx.Node, float]) -> str | None:
+    """Interior nodes have no users outside the match, except reads of their metadata
+    (``x.ndim``, ``x.shape[0]``) after the insertion point where an output has the same
+    metadata (the rewrite points them at it)."""
+    after = positions[m.insert_at]
     for p, g in m.nodes.items():
         if g in outputs or p not in m.pattern.canon:
             continue
         for u in g.users:
+            if u in matched or (p in m.pattern.meta_twins and reads_only_metadata(u)
+                                and u.args[:1] == (g,) and positions.get(u, after) > after):
+                continue
             if u not in matched:
                 return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
                         "match; the rewrite would have to keep it (return it from the pattern to allow that)")

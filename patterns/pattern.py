@@ -28,7 +28,7 @@ import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.canon import CalledModule, Canon, canonicalize
 
-from fxopt.analysis.ops import mutated_inputs, output_aliases
+from fxopt.analysis.ops import keeps_input_metadata, mutated_inputs, output_aliases
 from fxopt.errors import PatternError
 from fxopt.graph_utils import upstream
 
@@ -132,6 +132,9 @@ class CompiledPattern:
     extras: list[tuple[fx.Node, fx.Node]] = field(default_factory=list)
     #: arguments the pattern itself writes in place (``copy_(t, ...)``)
     writes: frozenset[str] = frozenset()
+    #: interior node -> an output with its shape, dtype and device (``conv`` -> the
+    #: ``batch_norm`` of it): metadata reads of the interior node may use the output
+    meta_twins: dict[fx.Node, fx.Node] = field(default_factory=dict)
 
     @property
     def signature(self) -> str:
@@ -170,7 +173,23 @@ def compile_pattern(fn: PatternSource, *, ignore_literals: bool = False) -> Comp
         canon[node] = form
     anchor, extras = _anchor_and_extras(outputs, name)
     writes = _written_holes(body, {h: h.target for h in holes})
-    return CompiledPattern(fn, graph, holes, outputs, canon, anchor, extras, writes)
+    return CompiledPattern(fn, graph, holes, outputs, canon, anchor, extras, writes,
+                           _meta_twins(outputs, canon))
+
+
+def _meta_twins(outputs: list[fx.Node], canon: dict[fx.Node, Canon]) -> dict[fx.Node, fx.Node]:
+    """Interior nodes whose value an output reproduces in shape, dtype and device: down
+    a chain of ops that keep their first argument's metadata (op facts)."""
+    twins: dict[fx.Node, fx.Node] = {}
+    for out in outputs:
+        node = out
+        while node in canon and keeps_input_metadata(canon[node].op) and canon[node].args:
+            source = canon[node].args[0]
+            if not isinstance(source, fx.Node) or source not in canon or source in outputs:
+                break
+            twins.setdefault(source, out)
+            node = source
+    return twins
 
 
 def _anchor_and_extras(outputs: list[fx.Node], name: str) -> tuple[fx.Node, list[tuple[fx.Node, fx.Node]]]:

@@ -246,7 +246,7 @@ class _Writer:
         lookup = env.__getitem__
         with graph.inserting_before(at):
             for rn in rep.holes:
-                env[rn] = self._bound(m.bindings[rep.binding[rn]], created)
+                env[rn] = self._bound(m.bindings[rep.binding[rn]], at, created)
             for rn in rep.body:
                 target = self._install(rep, rn.target) if rn.op in ("get_attr", "call_module") else rn.target
                 # plain tuple/dict: fx's immutable containers send create_node down a slow path
@@ -269,20 +269,29 @@ class _Writer:
             for user in old.users:
                 self.cache.pop(user, None)
             old.replace_all_uses_with(new)
+        new_of = dict(zip(m.pattern.outputs, new_outputs))
+        for p, out in m.pattern.meta_twins.items():  # metadata reads of removed nodes
+            m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in m.nodes.values())
         self._erase(m)
         if self.records is not None:
             self.records.append(Rewrite(r.name, m, created))
         return created
 
-    def _bound(self, bound: Any, created: list[fx.Node]) -> Any:
-        """What a replacement argument stands for in the graph: a module parameter becomes
-        one get_attr node per sweep."""
+    def _bound(self, bound: Any, at: fx.Node, created: list[fx.Node]) -> Any:
+        """What a replacement argument stands for at ``at``: a module parameter, or an
+        attribute read later than ``at``, becomes a get_attr node there (one per sweep
+        and target while it stays early enough)."""
+        if isinstance(bound, fx.Node) and bound.op == "get_attr":
+            if self.sweep.positions.get(bound, 0.0) < self.sweep.positions[at]:
+                return bound
+            bound = ParamRef(bound.target)
         if not isinstance(bound, ParamRef):
             return bound
         getter = self.getters.get(bound.target)
-        if getter is None:
+        if getter is None or self.sweep.positions[getter] >= self.sweep.positions[at]:
             getter = self.getters[bound.target] = self.gm.graph.get_attr(bound.target)
             created.append(getter)
+            self.sweep.positions[getter] = self.sweep.positions[at] - 0.5
         return getter
 
     def _install(self, rep: CompiledReplacement, target: str) -> str:

@@ -766,3 +766,76 @@ def is_barrier(node: fx.Node) -> bool:
     writes (random ops only reorder among themselves)."""
     f = facts(node)
     return f.collective or f.unknown or bool(f.writes) or f.stateful
+
+
+# ---------------------------------------------------------------------------------------
+# metadata: reads of a tensor's metadata only, results shaped like their input
+# (added for the pattern matcher: a fold may keep shape-only uses of what it removes)
+# ---------------------------------------------------------------------------------------
+
+_METADATA_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "layout", "is_cuda",
+                                  "is_sparse", "is_quantized", "requires_grad"})
+_METADATA_NAMES = frozenset({"size", "dim", "ndimension", "numel", "stride", "sym_size",
+                             "sym_numel", "sym_stride", "get_device", "is_contiguous",
+                             "is_floating_point", "is_complex", "nelement"})
+#: non-pointwise ops whose result has the shape, dtype and device of their first argument
+_SAME_METADATA = frozenset({"batch_norm", "layer_norm", "group_norm", "instance_norm",
+                            "rms_norm", "dropout", "alpha_dropout", "feature_dropout",
+                            "softmax", "log_softmax", "_softmax", "_log_softmax"})
+
+
+def reads_only_metadata(node: fx.Node) -> bool:
+    """Whether ``node`` reads nothing of its first argument but metadata (``x.shape``,
+    ``x.ndim``, ``x.size(0)``, ``len(x)``, ``aten.sym_size``): the values may change
+    under it as long as the metadata does not."""
+    target = node.target
+    if node.op == "call_method":
+        return target in _METADATA_NAMES
+    if node.op != "call_function":
+        return False
+    if target is builtins.getattr:
+        return len(node.args) == 2 and node.args[1] in _METADATA_ATTRIBUTES
+    if target is builtins.len:
+        return True
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return target.__name__.split(".")[0] in _METADATA_NAMES
+    return torch_name(target) in _METADATA_NAMES
+
+
+def keeps_input_metadata(name: str) -> bool:
+    """Whether the op called ``name`` (canonical) returns a tensor with the shape, dtype
+    and device of its first argument: unary pointwise ATen ops (by tag: ``relu``,
+    ``gelu``, ``hardtanh``...) and the normalizations, dropout and softmax."""
+    name = base_name(name)
+    if name in _SAME_METADATA:
+        return True
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or "default" not in packet.overloads():
+        return False
+    op = packet.default
+    tensors = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
+    return torch.Tag.pointwise in op.tags and len(tensors) == 1
+
+
+def _check_targets() -> frozenset[Any]:
+    aten = torch.ops.aten
+    targets: set[Any] = {torch._assert, getattr(torch, "_assert_async", None)}
+    for name in ("_assert_scalar", "_assert_async", "_assert_tensor_metadata",
+                 "sym_constrain_range", "sym_constrain_range_for_size"):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            targets.update(getattr(packet, o) for o in packet.overloads())
+    targets.discard(None)
+    return frozenset(targets)
+
+
+_CHECKS = _check_targets()
+
+
+def only_checks(node: fx.Node) -> bool:
+    """Whether ``node`` only checks a condition (``torch._assert``, ``aten._assert_scalar``):
+    it raises or does nothing. Never removed, but pure computations may move across it."""
+    try:
+        return node.op == "call_function" and node.target in _CHECKS
+    except TypeError:  # unhashable target
+        return False
