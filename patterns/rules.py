@@ -314,22 +314,29 @@ class _Writer:
         return name
 
     def _erase(self, m: Match) -> None:
-        graph, positions = self.gm.graph, self.sweep.positions
-        gone = sorted(m.nodes.values(), key=lambda n: positions.get(n, -1.0), reverse=True)
-        for g in gone:
-            extras = list(self.cache[g].interior) if self.cache.get(g) else []
-            if not g.users and g not in self.erased:
+        """Erase the matched nodes and the nodes that belong to them (``interior``: the
+        pieces of a canonical form, e.g. a module's parameter reads), each once it has no
+        users; nodes still used outside the match (an output, a shared attribute) stay."""
+        graph, cache, erased = self.gm.graph, self.cache, self.erased
+        pending = list(m.nodes.values())
+        progress = True
+        while pending and progress:
+            progress, left = False, []
+            for g in pending:  # grows while it runs: a node's interior follows it
+                if g in erased:
+                    continue
+                if g.users:
+                    left.append(g)
+                    continue
+                form = cache.pop(g, None)
                 self._attr_use(g)
                 graph.erase_node(g)
-                self.erased.add(g)
-            for extra in extras:
-                for dead in [u for u in extra.users if not u.users]:
-                    graph.erase_node(dead)
-                    self.erased.add(dead)
-                if not extra.users:
-                    graph.erase_node(extra)
-                    self.erased.add(extra)
-            self.cache.pop(g, None)
+                erased.add(g)
+                progress = True
+                if form is not None and form.interior:
+                    pending.extend(form.interior)
+                    pending.extend(u for extra in form.interior for u in extra.users if not u.users)
+            pending = left
 
     def _attr_use(self, node: fx.Node) -> None:
         if node.op in ("get_attr", "call_module"):
