@@ -324,10 +324,6 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
     return False
 
 
-def _blocks_write(node: fx.Node) -> bool:
-    return bool(mutated_inputs(node))
-
-
 def _blocks_move(node: fx.Node) -> bool:
     """Computation may not move across ``node``: it writes, is unknown, a collective,
     stateful, or draws random numbers (a random replacement would change the stream); a
@@ -403,8 +399,9 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     else:
         m.insert_at = last
         why = _early_users(outputs, matched, last, positions)
-        if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_write):
-            why = "an in-place write outside the match happens between the matched nodes"
+        if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_move):
+            why = ("an in-place write, collective, random or unknown op outside the match runs between "
+                   "the matched nodes; the rewrite would move computation across it")
     why = why or _outside_users(m, matched, outputs, positions) or _written_outside(m, matched, outputs, matcher)
     if why:
         return why

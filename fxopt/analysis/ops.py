@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_leaves
 __all__ = [
     "NodeFacts", "OpFacts", "declare_op", "facts", "has_side_effects", "inplace_name",
     "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
-    "mutated_inputs", "output_aliases", "torch_name",
+    "mutated_inputs", "output_aliases", "torch_name", "unseen_aliases",
 ]
 
 
@@ -722,6 +722,103 @@ def _describe(target: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# in-place twins
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    """How to spell the in-place form of an op. ``kind`` is one of:
+
+    ``"function"`` call ``target(self, *rest)``; ``"method"`` call ``self.<target>(*rest)``;
+    ``"flag"`` call the same function with ``inplace=True``; ``"module"`` call a copy of
+    the module with ``inplace=True``; ``"overload"`` call the ATen overload ``target``.
+    """
+
+    kind: str
+    target: Any = None
+    commutative: bool = False
+
+
+_OPERATORS = {
+    operator.add: Variant("function", operator.iadd, commutative=True),
+    operator.mul: Variant("function", operator.imul, commutative=True),
+    operator.sub: Variant("function", operator.isub),
+    operator.truediv: Variant("function", operator.itruediv),
+}
+_UNARY_FUNCTIONS = {torch.relu: torch.relu_, torch.sigmoid: torch.sigmoid_, torch.tanh: torch.tanh_,
+                    torch.exp: torch.exp_, torch.neg: torch.neg_, torch.abs: torch.abs_,
+                    torch.sqrt: torch.sqrt_, torch.clamp: torch.clamp_, torch.clamp_min: torch.clamp_min_,
+                    torch.rsqrt: torch.rsqrt_, torch.reciprocal: torch.reciprocal_}
+#: torch functions whose in-place form is a Tensor method (there is no torch.add_)
+_METHOD_FUNCTIONS = {torch.add: "add_", torch.mul: "mul_", torch.sub: "sub_", torch.div: "div_",
+                     torch.ge: "ge_", torch.gt: "gt_", torch.le: "le_", torch.lt: "lt_",
+                     torch.eq: "eq_", torch.ne: "ne_", torch.masked_fill: "masked_fill_"}
+_COMMUTATIVE_METHODS = frozenset({"add", "mul"})
+_METHODS = frozenset({"add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "clamp_min",
+                      "clamp_max", "neg", "exp", "abs", "sqrt", "rsqrt", "reciprocal", "masked_fill",
+                      "ge", "gt", "le", "lt", "eq", "ne", "hardtanh"})
+#: functionals with an ``inplace=`` flag (F.gelu has none: R11)
+_FLAG_FUNCTIONS = frozenset({F.relu, F.relu6, F.hardtanh, F.silu, F.hardswish, F.hardsigmoid, F.elu,
+                             F.celu, F.selu, F.leaky_relu, F.mish, F.threshold})
+#: modules with an ``inplace`` attribute whose in-place form is elementwise (not Dropout:
+#: in eval it returns its input itself)
+_FLAG_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.ELU,
+                 nn.CELU, nn.SELU, nn.LeakyReLU, nn.Mish, nn.Threshold)
+
+
+def inplace_overload(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The in-place ATen overload with the same arguments as ``target``, if there is one."""
+    schema = target._schema
+    base = schema.name.split("::")[-1]
+    namespace = getattr(torch.ops, schema.name.split("::")[0], None)
+    packet = getattr(namespace, base + "_", None)
+    overload = getattr(packet, schema.overload_name or "default", None)
+    if overload is None or not isinstance(overload, torch._ops.OpOverload):
+        return None
+    ours, theirs = schema.arguments, overload._schema.arguments
+    if len(ours) != len(theirs) or not theirs or theirs[0].alias_info is None:
+        return None
+    if any(a.name != b.name or str(a.type) != str(b.type) or a.kwarg_only != b.kwarg_only
+           for a, b in zip(ours, theirs)):
+        return None
+    return overload
+
+
+def inplace_variant(node: fx.Node, gm: fx.GraphModule) -> Variant | None:
+    """The in-place spelling of ``node``'s op, or None when it has none (the ``inplace``
+    pass's rule R11). Only deterministic elementwise ops are listed: their in-place form
+    reads each element before writing it."""
+    target = node.target
+    if node.op == "call_function":
+        if isinstance(target, torch._ops.OpOverload):
+            overload = inplace_overload(target)
+            if overload is None:
+                return None
+            commutative = target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+            return Variant("overload", overload, commutative and "alpha" not in node.kwargs)
+        try:
+            if target in _OPERATORS:
+                return _OPERATORS[target]
+            if target in _UNARY_FUNCTIONS:
+                return Variant("function", _UNARY_FUNCTIONS[target])
+            if target in _METHOD_FUNCTIONS:
+                commutative = target in (torch.add, torch.mul) and "alpha" not in node.kwargs
+                return Variant("method", _METHOD_FUNCTIONS[target], commutative)
+            if target in _FLAG_FUNCTIONS:
+                return Variant("flag", target)
+        except TypeError:  # unhashable callable
+            return None
+    elif node.op == "call_method" and target in _METHODS:
+        commutative = target in _COMMUTATIVE_METHODS and "alpha" not in node.kwargs
+        return Variant("method", target + "_", commutative)
+    elif node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if type(mod) in _FLAG_MODULES and not mod.inplace:
+            return Variant("module", mod)
+    return None
+
+
+# ---------------------------------------------------------------------------------------
 # the questions passes ask
 # ---------------------------------------------------------------------------------------
 
@@ -759,6 +856,17 @@ def output_aliases(node: fx.Node) -> tuple[fx.Node, ...]:
     if f.unknown:
         return tuple(node.all_input_nodes)
     return f.aliases
+
+
+def unseen_aliases(node: fx.Node) -> tuple[fx.Node, ...]:
+    """Inputs whose storage ``node``'s result may share although a FakeTensor run shows a
+    fresh one: ``wait_tensor`` (a collective's result is its input's buffer) and any input
+    of an unknown op (nothing vouches for its fake implementation). Views of known ops are
+    not listed: the fake run shows them exactly."""
+    f = facts(node)
+    if f.unknown:
+        return tuple(node.all_input_nodes)
+    return f.aliases if f.collective else ()
 
 
 def is_barrier(node: fx.Node) -> bool:
