@@ -10,16 +10,17 @@ once matches every spelling, at torch level (symbolic_trace, Dynamo) and at ATen
 (export, make_fx). The user's graph is never rewritten to get there: canonical forms are
 computed on the side, when matching.
 
-Ops outside the table still canonicalize, by their ATen base name with arguments bound
-to their signature (schema or Python signature), so ``torch.sigmoid`` and ``x.sigmoid()``
-meet, just without the cross-level normalization the table gives.
+Which op a call performs, and whether the spelling writes in place, is the op-facts
+model's answer (:mod:`fxopt.analysis.ops`: ``op_name``, ``spelled_inplace``,
+``functional_form``); this module only binds the arguments to the op's ATen schema, so
+every spelling lists the same arguments, and brings a few ops whose spellings differ in
+more than names into one form (the adapters below).
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 
-from fxopt.analysis.ops import base_name, is_inplace_name, torch_name
+from fxopt.analysis.ops import base_name, functional_form, is_inplace_name, op_name, spelled_inplace
 
 aten = torch.ops.aten
 
@@ -95,40 +95,26 @@ def _ntuple(value: Any, n: int) -> Any:
     return None  # a string padding ("same"), a node: not canonical
 
 
-# --- the table: spelling -> adapter(args, kwargs) -> (op, canonical args) or None -------
+# --- argument adapters: ops whose spellings differ in more than names ----------------
+#
+# Which op a call is (its name, whether it writes in place) is the op-facts model's answer
+# (:func:`fxopt.analysis.ops.op_name`, :func:`~fxopt.analysis.ops.spelled_inplace`);
+# the adapters below only bring the arguments of a few ops into one form, keyed by that
+# name: ``relu6`` is ``hardtanh(x, 0, 6)``, every convolution is ``convolution`` with
+# list arguments, ``F.batch_norm`` orders its arguments unlike ``aten.batch_norm``,
+# ``selu`` is ``elu`` with fixed constants, ``aten._softmax`` is ``softmax``.
 
-Adapter = Callable[[tuple, dict], "tuple[str, list] | None"]
-
-
-def _unary(op: str, extra: Sequence[tuple[str, Any]] = ()) -> Adapter:
-    params = [("self", _MISSING), *extra]
-
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        if kwargs:
-            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-        bound = _bind(args, kwargs, params)
-        return None if bound is None else (op, bound)
-
-    adapt.op = op
-    return adapt
+Adapter = Callable[[Any, tuple, dict], "tuple[str, list] | None"]
 
 
-def _binary(op: str, alpha: bool) -> Adapter:
-    params = [("self", _MISSING), ("other", _MISSING)] + ([("alpha", 1)] if alpha else [])
-
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        if kwargs:
-            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items()}
-        bound = _bind(args, kwargs, params)
-        return None if bound is None else (op, bound)
-
-    adapt.op = op
-    return adapt
+def _self(kwargs: dict) -> dict:
+    """Keyword arguments as the ATen schema names them (``input`` is ``self``), without
+    the ``inplace`` flag (the spelling, not an argument)."""
+    return {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
 
 
-def _hardtanh(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-    bound = _bind(args[:3], kwargs, [("self", _MISSING), ("min_val", -1.0), ("max_val", 1.0)])
+def _hardtanh(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:3], _self(kwargs), [("self", _MISSING), ("min_val", -1.0), ("max_val", 1.0)])
     return None if bound is None else ("hardtanh", [bound[0], _float(bound[1]), _float(bound[2])])
 
 
@@ -138,10 +124,35 @@ def _float(value: Any) -> Any:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-def _relu6(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-    bound = _bind(args[:1], kwargs, [("self", _MISSING)])
+def _relu6(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:1], _self(kwargs), [("self", _MISSING)])
     return None if bound is None else ("hardtanh", [bound[0], 0.0, 6.0])
+
+
+#: torch.nn.functional.selu's constants (torch/csrc/api/include/torch/nn/functional/activation.h)
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+def _selu(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:1], _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("elu", [bound[0], _SELU_ALPHA, _SELU_SCALE, 1])
+
+
+def _logsigmoid(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    """``F.logsigmoid`` is exported under that name; ATen calls it ``log_sigmoid``."""
+    bound = _bind(args, _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("log_sigmoid", bound)
+
+
+def _private_softmax(op: str) -> Adapter:
+    """``aten._softmax(x, dim, half_to_float)``, what decompositions call, is ``softmax``."""
+    def adapt(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+        bound = _bind(args, kwargs, [("self", _MISSING), ("dim", _MISSING), ("half_to_float", _MISSING)])
+        if bound is None:
+            return None
+        return (op, [bound[0], bound[1], torch.float32 if bound[2] else None])
+
+    return adapt
 
 
 def _conv(dims: int, transposed: bool) -> Adapter:
@@ -153,7 +164,7 @@ def _conv(dims: int, transposed: bool) -> Adapter:
         params = [("input", _MISSING), ("weight", _MISSING), ("bias", None), ("stride", 1),
                   ("padding", 0), ("dilation", 1), ("groups", 1)]
 
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    def adapt(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
         bound = _bind(args, kwargs, params)
         if bound is None:
             return None
@@ -165,11 +176,10 @@ def _conv(dims: int, transposed: bool) -> Adapter:
         return ("convolution", [named["input"], named["weight"], named["bias"], *lists,
                                 transposed, output_padding, named["groups"]])
 
-    adapt.op = "convolution"
     return adapt
 
 
-def _convolution(args: tuple, kwargs: dict) -> tuple[str, list] | None:
+def _convolution(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
     bound = _bind(args, kwargs, [(n, _MISSING) for n in (
         "input", "weight", "bias", "stride", "padding", "dilation", "transposed",
         "output_padding", "groups")])
@@ -180,6 +190,7 @@ def _convolution(args: tuple, kwargs: dict) -> tuple[str, list] | None:
     return ("convolution", bound)
 
 
+#: F.batch_norm's order (a Python function); torch.batch_norm / aten.batch_norm's order
 _F_BATCH_NORM = [("input", _MISSING), ("running_mean", _MISSING), ("running_var", _MISSING),
                  ("weight", None), ("bias", None), ("training", False), ("momentum", 0.1),
                  ("eps", 1e-5)]
@@ -188,79 +199,43 @@ _ATEN_BATCH_NORM = [("input", _MISSING), ("weight", _MISSING), ("bias", _MISSING
                     ("momentum", _MISSING), ("eps", _MISSING), ("cudnn_enabled", True)]
 
 
-def _f_batch_norm(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    b = _bind(args, kwargs, _F_BATCH_NORM)
-    return None if b is None else ("batch_norm", [b[0], b[3], b[4], b[1], b[2], b[5], b[6], b[7]])
+def _batch_norm(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    params = _F_BATCH_NORM if _python_parameters(target)[:2] == ["input", "running_mean"] else _ATEN_BATCH_NORM
+    bound = _bind(args, kwargs, params)
+    if bound is None:
+        return None
+    named = dict(zip((name for name, _ in params), bound))
+    return ("batch_norm", [named[name] for name, _ in _ATEN_BATCH_NORM[:8]])
 
 
-def _aten_batch_norm(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    b = _bind(args, kwargs, _ATEN_BATCH_NORM)
-    return None if b is None else ("batch_norm", b[:8])
+def _python_parameters(target: Any) -> list[str]:
+    try:
+        return list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):  # a builtin or an OpOverload
+        return []
 
 
-def _linear(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    bound = _bind(args, kwargs, [("input", _MISSING), ("weight", _MISSING), ("bias", None)])
-    return None if bound is None else ("linear", bound)
-
-
-def _function_table() -> dict[Any, tuple[str, Adapter, bool]]:
-    """callable target -> (canonical op, adapter, writes into its first argument)."""
-    table: dict[Any, tuple[str, Adapter, bool]] = {}
-
-    def add(targets: Sequence[Any], adapter: Adapter, inplace: bool = False) -> None:
-        for t in targets:
-            table[t] = (adapter.op, adapter, inplace)
-
-    add([torch.relu, F.relu, aten.relu.default], _unary("relu"))
-    add([torch.relu_, F.relu_, aten.relu_.default], _unary("relu"), inplace=True)
-    add([F.hardtanh, aten.hardtanh.default], _hardtanh)
-    add([F.hardtanh_, aten.hardtanh_.default], _hardtanh, inplace=True)
-    add([F.relu6], _relu6)
-    for name, alpha in (("add", True), ("sub", True), ("mul", False)):
-        add([getattr(operator, name), getattr(torch, name), getattr(aten, name).Tensor,
-             getattr(aten, name).Scalar], _binary(name, alpha))
-        add([getattr(operator, "i" + name), getattr(aten, name + "_").Tensor,
-             getattr(aten, name + "_").Scalar], _binary(name, alpha), inplace=True)
-    for dims in (1, 2, 3):
-        add([getattr(F, f"conv{dims}d"), getattr(torch, f"conv{dims}d"),
-             getattr(aten, f"conv{dims}d").default], _conv(dims, False))
-        add([getattr(F, f"conv_transpose{dims}d"), getattr(torch, f"conv_transpose{dims}d"),
-             *(getattr(getattr(aten, f"conv_transpose{dims}d"), o)
-               for o in getattr(aten, f"conv_transpose{dims}d").overloads())], _conv(dims, True))
-    add([torch.convolution, aten.convolution.default], _convolution)
-    add([F.batch_norm], _f_batch_norm)
-    add([torch.batch_norm, aten.batch_norm.default], _aten_batch_norm)
-    add([F.linear, torch._C._nn.linear, aten.linear.default], _linear)
-    return table
-
-
-for _adapter, _op in ((_hardtanh, "hardtanh"), (_relu6, "hardtanh"), (_convolution, "convolution"),
-                      (_f_batch_norm, "batch_norm"), (_aten_batch_norm, "batch_norm"),
-                      (_linear, "linear")):
-    _adapter.op = _op
-
-_FUNCTIONS = _function_table()
-_METHODS: dict[str, tuple[str, Adapter, bool]] = {
-    name: (adapter.op, adapter, name.endswith("_") and not name.startswith("__"))
-    for name, adapter in (
-        ("relu", _unary("relu")), ("relu_", _unary("relu")),
-        ("add", _binary("add", True)), ("add_", _binary("add", True)),
-        ("sub", _binary("sub", True)), ("sub_", _binary("sub", True)),
-        ("mul", _binary("mul", False)), ("mul_", _binary("mul", False)),
-        ("__add__", _binary("add", True)), ("__mul__", _binary("mul", False)),
-        ("__sub__", _binary("sub", True)),
-    )
+_ADAPTERS: dict[str, Adapter] = {
+    "hardtanh": _hardtanh, "relu6": _relu6, "selu": _selu, "logsigmoid": _logsigmoid,
+    "_softmax": _private_softmax("softmax"), "_log_softmax": _private_softmax("log_softmax"),
+    "convolution": _convolution, "_convolution": _convolution, "batch_norm": _batch_norm,
+    **{f"conv{d}d": _conv(d, False) for d in (1, 2, 3)},
+    **{f"conv_transpose{d}d": _conv(d, True) for d in (1, 2, 3)},
 }
+#: the canonical op each adapter produces (for the cheap anchor index)
+_ADAPTED_OP = {"hardtanh": "hardtanh", "relu6": "hardtanh", "selu": "elu", "logsigmoid": "log_sigmoid",
+               "_softmax": "softmax",
+               "_log_softmax": "log_softmax", "batch_norm": "batch_norm",
+               **dict.fromkeys(("convolution", "_convolution", *(f"conv{d}d" for d in (1, 2, 3)),
+                                *(f"conv_transpose{d}d" for d in (1, 2, 3))), "convolution")}
 
-#: functional activations whose ``inplace`` flag may come positionally
-_POSITIONAL_INPLACE = {F.relu: 1, F.relu6: 1, F.hardtanh: 3}
-
-# batch norm ops that return (out, save_mean, save_invstd): ``getitem(op, 0)`` is the op
-_BN_TUPLE_OPS: dict[Any, Callable[[tuple, dict], list | None]] = {
-    aten.native_batch_norm.default: lambda a, k: _aten_batch_norm(a, k),
-    aten._native_batch_norm_legit.default: lambda a, k: _aten_batch_norm(a, k),
-    aten._native_batch_norm_legit_no_training.default:
+# ops returning a tuple whose element 0 is the op of another name (``getitem(op, 0)``)
+_TUPLE_OPS: dict[str, Callable[[tuple, dict], tuple[str, list] | None]] = {
+    "native_batch_norm": lambda a, k: _batch_norm(None, a, k),
+    "_native_batch_norm_legit": lambda a, k: _batch_norm(None, a, k),
+    "_native_batch_norm_legit_no_training":
         lambda a, k: ("batch_norm", [*a[:5], False, *a[5:7]]) if len(a) == 7 and not k else None,
+    "log_sigmoid_forward": lambda a, k: ("log_sigmoid", [a[0]]) if len(a) == 1 and not k else None,
 }
 
 
@@ -291,17 +266,10 @@ def _param(owner: str | None, module: nn.Module, attr: str) -> Any:
 
 def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwargs: dict) -> Canon | None:
     """The canonical call an ``nn`` module performs, by type and attributes (never by the
-    name it is installed under); None for modules outside the table."""
+    name it is installed under); None for modules that are not torch's."""
     if kwargs or len(args) != 1:
         return None
     (x,) = args
-    inplace = bool(getattr(module, "inplace", False))
-    if type(module) is nn.ReLU:
-        return Canon("relu", (x,), inplace)
-    if type(module) is nn.ReLU6:
-        return Canon("hardtanh", (x, 0.0, 6.0), inplace)
-    if type(module) is nn.Hardtanh:
-        return Canon("hardtanh", (x, float(module.min_val), float(module.max_val)), inplace)
     if type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                         nn.ConvTranspose3d):
         if module.padding_mode != "zeros" or isinstance(module.padding, str):
@@ -321,38 +289,20 @@ def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwarg
             _param(owner, module, "running_mean") if use_stats else None,
             _param(owner, module, "running_var") if use_stats else None,
             training, momentum, module.eps))
-    if type(module) is nn.Linear:
-        return Canon("linear", (x, _param(owner, module, "weight"), _param(owner, module, "bias")))
     return _functional_form(module, owner, x)
 
 
-def _functional(module_type: type) -> Callable | None:
-    """The functional form of a ``torch.nn`` module class, found by name (``LeakyReLU`` ->
-    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``,
-    ``RMSNorm`` -> ``F.rms_norm``)."""
-    if not module_type.__module__.startswith("torch.nn"):
-        return None
-    name = module_type.__name__
-    for spelling in (name, name.replace("ReLU", "Relu")):
-        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", spelling).lower()
-        for candidate in (snake, spelling.lower()):
-            fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
-            if callable(fn) and not isinstance(fn, type):
-                return fn
-    return None
-
-
 def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | None:
-    """A torch.nn module as the call of its functional form, with the module's
-    attributes (``negative_slope``, ``dim``, ``approximate``, ``eps``, ``weight``...)
-    as the arguments of the same name."""
-    fn = _functional(type(module))
+    """A torch.nn module as the call of its functional form
+    (:func:`fxopt.analysis.ops.functional_form`), with the module's attributes
+    (``negative_slope``, ``dim``, ``approximate``, ``eps``, ``inplace``, ``weight``...) as
+    the arguments of the same name."""
+    fn = functional_form(type(module))
     if fn is None:
         return None
-    try:
-        names = list(inspect.signature(fn).parameters)[1:]
-    except (TypeError, ValueError):  # a builtin: the arguments of the ATen op of its name
-        packet = getattr(aten, _base_name(fn) or "", None)
+    names = _python_parameters(fn)[1:]
+    if not names:  # a builtin: the arguments of the ATen op of its name
+        packet = getattr(aten, op_name(fn) or "", None)
         names = [a.name for o in getattr(packet, "overloads", list)()
                  for a in getattr(packet, o)._schema.arguments[1:]]
     kwargs = {}
@@ -371,20 +321,14 @@ def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | No
     return form
 
 
-# --- the generic fallback -------------------------------------------------------------
-
-def _base_name(target: Any) -> str | None:
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.split("::")[-1]
-    return torch_name(target) or getattr(target, "__name__", None)
-
+# --- binding arguments ----------------------------------------------------------------
 
 def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A torch-level call's arguments as (positional, named), named as the ATen schema names
     them: ``input`` is ``self``; ``inplace`` and ``_stacklevel`` are not arguments of the op."""
     try:
+        if getattr(target, "__module__", None) == "_operator":  # operator.add(a, b): positional
+            raise TypeError
         bound = inspect.signature(target).bind(*args, **kwargs).arguments
         args, kwargs = (), dict(bound)
     except (TypeError, ValueError):  # a builtin without a signature: keep the call as written
@@ -404,7 +348,7 @@ def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
         return None
     for overload in packet.overloads():
         schema = getattr(packet, overload)._schema
-        if schema.is_mutable and not name.endswith("_"):
+        if schema.is_mutable and not is_inplace_name(name):
             continue
         names = [a.name for a in schema.arguments]
         named = kwargs
@@ -417,50 +361,37 @@ def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
     return None
 
 
-def _generic(target: Any, args: tuple, kwargs: dict) -> Canon | None:
-    """Ops outside the table: base name, trailing ``_`` meaning in place, and arguments
-    bound to the ATen schema of that name (or the Python signature where there is none),
-    so that module, functional, method and ATen spellings list the same arguments."""
-    name = _base_name(target)
-    if not name:
-        return None
-    inplace = is_inplace_name(name) or kwargs.get("inplace") is True
+def _arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> list[Any]:
+    """The call's arguments in the order of the ATen schema of ``name`` (defaults filled
+    in), so that module, functional, method and ATen spellings list the same arguments;
+    as written (named ones sorted) for ops without a schema."""
     if isinstance(target, torch._ops.OpOverload):
         bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
                                      for a in target._schema.arguments])
-    else:
-        positional, named = _python_binding(target, args, kwargs)
-        bound = _aten_binding(base_name(name), positional, named)
-        if bound is None:
-            bound = [*positional, *sorted(named.items())]
-    if bound is None:
-        return None
-    return Canon(base_name(name), tuple(bound), inplace)
+        if bound is not None:
+            return bound
+    positional, named = (args, dict(kwargs)) if method else _python_binding(target, args, kwargs)
+    bound = _aten_binding(base_name(name), positional, named)
+    return bound if bound is not None else [*positional, *sorted(named.items())]
 
 
 def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = False) -> Canon | None:
-    """The canonical form of a call_function (or, with ``method``, call_method) node."""
-    try:
-        entry = _METHODS.get(target) if method else _FUNCTIONS.get(target)
-    except TypeError:  # unhashable target
-        entry = None
-    if entry is not None:
-        _, adapter, inplace = entry
-        kwargs = dict(kwargs) if kwargs else {}
-        position = None if method else _POSITIONAL_INPLACE.get(target)
-        if position is not None and len(args) > position:
-            kwargs["inplace"], args = args[position], args[:position]
-        inplace = inplace or kwargs.get("inplace") is True
-        result = adapter(tuple(args), kwargs)
-        return None if result is None else Canon(result[0], tuple(result[1]), inplace)
-    if method:
-        func = getattr(torch, target, None) if isinstance(target, str) else None
-        if func is None or not callable(func):
-            return Canon(str(target), (*args, *sorted(kwargs.items())), str(target).endswith("_"))
-        return _generic(func, tuple(args), dict(kwargs)) or Canon(target, tuple(args))
+    """The canonical form of a call_function (or, with ``method``, call_method) node: the
+    op-facts model names the op and says whether this spelling writes in place; the
+    arguments are bound to the op's schema (or brought into form by an adapter)."""
     if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
         return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
-    return _generic(target, tuple(args), dict(kwargs))
+    name = op_name(target, method=method)
+    if name is None:
+        return None
+    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
+    inplace = spelled_inplace(None if method else target, name, args, kwargs)
+    base = base_name(name)
+    adapter = _ADAPTERS.get(base)
+    if adapter is not None:
+        adapted = adapter(target, args, kwargs)
+        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
+    return Canon(base, tuple(_arguments(target, name, args, kwargs, method)), inplace)
 
 
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int, aten.numpy_T.default}
@@ -505,7 +436,7 @@ def canonicalize(node: fx.Node) -> Canon | None:
     if node.op == "call_function":
         if node.target is operator.getitem and node.args[1:] == (0,) and isinstance(node.args[0], fx.Node):
             source = node.args[0]
-            adapter = _BN_TUPLE_OPS.get(source.target) if source.op == "call_function" else None
+            adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
             if adapter is not None:
                 result = adapter(tuple(source.args), dict(source.kwargs))
                 if result is not None:
@@ -530,27 +461,17 @@ def canonicalize(node: fx.Node) -> Canon | None:
 def quick_op(node: fx.Node) -> str | None:
     """The canonical op name of ``node`` without binding its arguments: the cheap key the
     matcher indexes anchors by (the full canonical form is computed only for candidates)."""
-    if node.op == "call_module" or node.op == "call_function" and _spans(node.target):
+    if node.op == "call_module" or node.op == "call_function" and (
+            _spans(node.target) or isinstance(node.target, CalledModule)):
         canon = canonicalize(node)
-        if canon is not None:
-            return canon.op
-    if node.op == "call_function":
-        try:
-            entry = _FUNCTIONS.get(node.target)
-        except TypeError:
-            return None
-        if entry is not None:
-            return entry[0]
-        if isinstance(node.target, CalledModule):
-            canon = canonicalize(node)
-            return canon.op if canon else None
-        name = _base_name(node.target)
-        return name.rstrip("_") if name and name.endswith("_") and not name.startswith("_") else name
-    if node.op == "call_method":
-        if node.target in _METHODS:
-            return _METHODS[node.target][0]
-        return node.target.rstrip("_") if node.target.endswith("_") else node.target
-    return None
+        return None if canon is None else canon.op
+    if node.op not in ("call_function", "call_method"):
+        return None
+    name = op_name(node.target, method=node.op == "call_method")
+    if name is None:
+        return None
+    base = base_name(name)
+    return _ADAPTED_OP.get(base, base)
 
 
 #: targets whose canonical op depends on their inputs (a getitem of a batch norm is one)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import operator
+import re
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -48,9 +49,10 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
-    "NodeFacts", "OpFacts", "declare_op", "facts", "has_side_effects", "inplace_name",
-    "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
-    "mutated_inputs", "output_aliases", "torch_name", "unseen_aliases",
+    "NodeFacts", "OpFacts", "declare_op", "facts", "functional_form", "has_side_effects",
+    "inplace_name", "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
+    "mutated_inputs", "op_name", "output_aliases", "spelled_inplace", "torch_name",
+    "unseen_aliases",
 ]
 
 
@@ -244,6 +246,80 @@ def torch_name(target: Any) -> str | None:
     """
     entry = _torch_callables().get(id(target))
     return entry[1] if entry is not None and entry[0] is target else None
+
+
+# ---------------------------------------------------------------------------------------
+# spellings: every way of calling an op, read back as one name
+# ---------------------------------------------------------------------------------------
+
+#: Python operators spelled differently from their ATen op
+_OPERATOR_NAMES = {"truediv": "div", "floordiv": "floor_divide", "and_": "bitwise_and",
+                   "or_": "bitwise_or", "xor": "bitwise_xor", "invert": "bitwise_not",
+                   "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift", "pos": "positive"}
+
+
+def _operator_name(fn: Callable) -> str | None:
+    """``operator.add`` -> ``add``, ``operator.iadd`` -> ``add_``, ``operator.truediv`` -> ``div``."""
+    name = fn.__name__
+    if fn in _INPLACE_OPERATORS:
+        return inplace_name(_OPERATOR_NAMES.get(name[1:], name[1:]))
+    return _OPERATOR_NAMES.get(name, name) if fn in _PURE_OPERATORS else None
+
+
+def _target_name(target: Any) -> str | None:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name.split("::")[-1]
+    if getattr(operator, getattr(target, "__name__", ""), None) is target:
+        return _operator_name(target)
+    return torch_name(target)
+
+
+_NAMES: dict[Any, str | None] = {}
+
+
+def op_name(target: Any, *, method: bool = False) -> str | None:
+    """The name of the op a call performs, as ATen spells it, whatever the spelling:
+    ``torch.relu``, ``F.relu``, ``x.relu()``, ``aten.relu.default`` -> ``relu``;
+    ``torch.relu_``, ``x.add_()``, ``operator.iadd`` -> ``relu_`` / ``add_``;
+    ``operator.truediv`` and ``x.__truediv__()`` -> ``div``. None for anything that is not
+    torch's own (a user's function called ``relu`` is not ``torch.relu``)."""
+    if method:
+        if not isinstance(target, str):
+            return None
+        fn = getattr(operator, target[2:-2], None) if target.startswith("__") else None
+        return (_operator_name(fn) or target) if fn is not None else target
+    try:
+        return _NAMES[target]
+    except KeyError:
+        name = _NAMES[target] = _target_name(target)
+        return name
+    except TypeError:  # unhashable
+        return None
+
+
+def spelled_inplace(target: Any, name: str | None, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether this spelling writes its result into its first argument: an in-place name
+    (``relu_``, ``+=``) or an ``inplace=True`` flag, by keyword or position."""
+    return (is_inplace_name(name) or kwargs.get("inplace") is True
+            or callable(target) and _positional_inplace(target, tuple(args)))
+
+
+def functional_form(module_type: type) -> Callable | None:
+    """The functional form of a ``torch.nn`` module class, found by name (``LeakyReLU`` ->
+    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``,
+    ``InstanceNorm2d`` -> ``F.instance_norm``); None for other modules."""
+    if not module_type.__module__.startswith("torch.nn"):
+        return None
+    name = module_type.__name__
+    for spelling in (name, name.replace("ReLU", "Relu"), name[:-2] if name[-2:] in ("1d", "2d", "3d") else name):
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", spelling).lower()
+        for candidate in (snake, spelling.lower()):
+            fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
+            if callable(fn) and not isinstance(fn, type):
+                return fn
+    return None
 
 
 # ---------------------------------------------------------------------------------------
