@@ -236,6 +236,10 @@ _TUPLE_OPS: dict[str, Callable[[tuple, dict], tuple[str, list] | None]] = {
     "_native_batch_norm_legit_no_training":
         lambda a, k: ("batch_norm", [*a[:5], False, *a[5:7]]) if len(a) == 7 and not k else None,
     "log_sigmoid_forward": lambda a, k: ("log_sigmoid", [a[0]]) if len(a) == 1 and not k else None,
+    "native_layer_norm": lambda a, k: ("layer_norm", [a[0], _as_list(a[1]), *a[2:5], None])
+    if len(a) == 5 and not k else None,
+    "native_group_norm": lambda a, k: ("group_norm", [a[0], a[6], a[1], a[2], a[7], None])
+    if len(a) == 8 and not k else None,
 }
 
 
@@ -354,11 +358,23 @@ def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
         named = kwargs
         if "self" in kwargs and "self" not in names and "input" in names:  # aten.layer_norm
             named = {("input" if k == "self" else k): v for k, v in kwargs.items()}
-        bound = _bind(args, named, [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                                    for a in schema.arguments])
+        bound = _bind_schema(schema, args, named)
         if bound is not None:
             return bound
     return None
+
+
+def _bind_schema(schema: Any, args: tuple, kwargs: dict) -> list[Any] | None:
+    bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                                 for a in schema.arguments])
+    if bound is None:
+        return None
+    return [None if a.name in _BACKEND_HINTS else v for a, v in zip(schema.arguments, bound)]
+
+
+#: arguments that choose a kernel, not a result (``layer_norm(..., cudnn_enable)``): every
+#: spelling reads them as None
+_BACKEND_HINTS = frozenset({"cudnn_enable", "cudnn_enabled"})
 
 
 def _arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> list[Any]:
@@ -366,8 +382,7 @@ def _arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) 
     in), so that module, functional, method and ATen spellings list the same arguments;
     as written (named ones sorted) for ops without a schema."""
     if isinstance(target, torch._ops.OpOverload):
-        bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                                     for a in target._schema.arguments])
+        bound = _bind_schema(target._schema, args, kwargs)
         if bound is not None:
             return bound
     positional, named = (args, dict(kwargs)) if method else _python_binding(target, args, kwargs)

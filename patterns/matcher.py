@@ -42,6 +42,7 @@ from fxopt.analysis.alias import storages_of
 from fxopt.analysis.ops import (
     is_barrier,
     is_commutative,
+    is_pure,
     is_random,
     mutated_inputs,
     only_checks,
@@ -375,6 +376,21 @@ def _earliest_point(m: Match, first: fx.Node, positions: dict[fx.Node, float]) -
     return latest.next
 
 
+def dead_uses(node: fx.Node, keep: fx.Node, limit: int = 8) -> list[fx.Node] | None:
+    """The nodes that use ``node``, directly or not, other than ``keep``, when all of them
+    are pure and nothing uses their results in the end (the unused statistics a decomposed
+    ``native_group_norm`` returns, and their ``detach``); None when one is live."""
+    found: list[fx.Node] = []
+    stack = [u for u in node.users if u is not keep]
+    while stack:
+        u = stack.pop()
+        if len(found) == limit or not is_pure(u):
+            return None
+        found.append(u)
+        stack.extend(u.users)
+    return found
+
+
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
     """The reason ``m`` must not be rewritten, or None if it is sound. Sets
     ``m.insert_at``: as early as the inputs allow when nothing that blocks a move lies in
@@ -385,10 +401,12 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     matched = set(body)
     for g in body:
         for extra in forms[g].interior:
-            live = [u for u in extra.users if u is not g and u.users]
-            if live:
-                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live[0].name!r}"
+            dead = dead_uses(extra, g)
+            if dead is None:
+                live = next(u for u in extra.users if u is not g)
+                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live.name!r}"
             matched.add(extra)
+            matched.update(dead)
     positions = sweep.positions
     first = min(body, key=positions.__getitem__)
     last = max(body, key=positions.__getitem__)

@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.canon import Canon, ParamRef, quick_op
-from fxopt.patterns.matcher import Match, StructuralMatcher, SweepState, check_match
+from fxopt.patterns.matcher import Match, StructuralMatcher, SweepState, check_match, dead_uses
 from fxopt.patterns.meta import propagate_meta
 from fxopt.patterns.pattern import (
     CompiledPattern,
@@ -333,9 +333,9 @@ class _Writer:
                 graph.erase_node(g)
                 erased.add(g)
                 progress = True
-                if form is not None and form.interior:
-                    pending.extend(form.interior)
-                    pending.extend(u for extra in form.interior for u in extra.users if not u.users)
+                for extra in form.interior if form is not None else ():
+                    pending.append(extra)
+                    pending.extend(dead_uses(extra, g) or ())
             pending = left
 
     def _attr_use(self, node: fx.Node) -> None:
