@@ -19,7 +19,6 @@ more than names into one form (the adapters below).
 
 from __future__ import annotations
 
-import inspect
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,14 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fxopt.analysis.ops import base_name, functional_form, is_inplace_name, op_name, spelled_inplace
+from fxopt.analysis.ops import (
+    base_name,
+    functional_form,
+    is_inplace_name,
+    op_name,
+    signature_of,
+    spelled_inplace,
+)
 
 aten = torch.ops.aten
 
@@ -209,10 +215,8 @@ def _batch_norm(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | No
 
 
 def _python_parameters(target: Any) -> list[str]:
-    try:
-        return list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):  # a builtin or an OpOverload
-        return []
+    signature = signature_of(target)
+    return [] if signature is None else list(signature.parameters)
 
 
 _ADAPTERS: dict[str, Adapter] = {
@@ -330,12 +334,13 @@ def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | No
 def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A torch-level call's arguments as (positional, named), named as the ATen schema names
     them: ``input`` is ``self``; ``inplace`` and ``_stacklevel`` are not arguments of the op."""
+    # operator.add(a, b) binds by position; a builtin without a signature as written
+    signature = None if getattr(target, "__module__", None) == "_operator" else signature_of(target)
     try:
-        if getattr(target, "__module__", None) == "_operator":  # operator.add(a, b): positional
+        if signature is None:
             raise TypeError
-        bound = inspect.signature(target).bind(*args, **kwargs).arguments
-        args, kwargs = (), dict(bound)
-    except (TypeError, ValueError):  # a builtin without a signature: keep the call as written
+        args, kwargs = (), dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
         kwargs = dict(kwargs)
     if "input" in kwargs:
         kwargs["self"] = kwargs.pop("input")
@@ -344,32 +349,63 @@ def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict
     return args, kwargs
 
 
+@dataclass(frozen=True)
+class _Schema:
+    """An ATen schema as binding needs it, computed once per overload."""
+
+    params: tuple[tuple[str, Any], ...]  # (name, default or _MISSING)
+    hints: tuple[int, ...]  # positions of backend hints
+    input_named: bool  # calls its first argument ``input`` (aten.layer_norm), not ``self``
+
+    def bind(self, args: tuple, kwargs: dict) -> list[Any] | None:
+        if self.input_named and "self" in kwargs:
+            kwargs = {("input" if k == "self" else k): v for k, v in kwargs.items()}
+        bound = _bind(args, kwargs, self.params)
+        if bound is not None:
+            for i in self.hints:
+                bound[i] = None
+        return bound
+
+
+_SCHEMAS: dict[Any, _Schema] = {}
+
+
+def _schema(overload: torch._ops.OpOverload) -> _Schema:
+    found = _SCHEMAS.get(overload)
+    if found is None:
+        arguments = overload._schema.arguments
+        names = [a.name for a in arguments]
+        found = _SCHEMAS[overload] = _Schema(
+            tuple((a.name, a.default_value if a.has_default_value() else _MISSING) for a in arguments),
+            tuple(i for i, n in enumerate(names) if n in _BACKEND_HINTS),
+            "input" in names and "self" not in names)
+    return found
+
+
+_PACKETS: dict[str, tuple[_Schema, ...]] = {}
+
+
+def _packet(name: str) -> tuple[_Schema, ...]:
+    """The schemas of ``aten.<name>``'s overloads a call of that name may mean (mutable
+    ones only for in-place names), in torch's order."""
+    found = _PACKETS.get(name)
+    if found is None:
+        packet = getattr(aten, name, None)
+        overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(
+            packet, torch._ops.OpOverloadPacket) else []
+        found = _PACKETS[name] = tuple(_schema(o) for o in overloads
+                                       if not o._schema.is_mutable or is_inplace_name(name))
+    return found
+
+
 def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
     """The arguments bound to the first overload of ``aten.<name>`` they fit (defaults
     filled in), so that every spelling of the op lists the same arguments."""
-    packet = getattr(aten, name, None)
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return None
-    for overload in packet.overloads():
-        schema = getattr(packet, overload)._schema
-        if schema.is_mutable and not is_inplace_name(name):
-            continue
-        names = [a.name for a in schema.arguments]
-        named = kwargs
-        if "self" in kwargs and "self" not in names and "input" in names:  # aten.layer_norm
-            named = {("input" if k == "self" else k): v for k, v in kwargs.items()}
-        bound = _bind_schema(schema, args, named)
+    for schema in _packet(name):
+        bound = schema.bind(args, kwargs)
         if bound is not None:
             return bound
     return None
-
-
-def _bind_schema(schema: Any, args: tuple, kwargs: dict) -> list[Any] | None:
-    bound = _bind(args, kwargs, [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                                 for a in schema.arguments])
-    if bound is None:
-        return None
-    return [None if a.name in _BACKEND_HINTS else v for a, v in zip(schema.arguments, bound)]
 
 
 #: arguments that choose a kernel, not a result (``layer_norm(..., cudnn_enable)``): every
@@ -382,7 +418,7 @@ def _arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) 
     in), so that module, functional, method and ATen spellings list the same arguments;
     as written (named ones sorted) for ops without a schema."""
     if isinstance(target, torch._ops.OpOverload):
-        bound = _bind_schema(target._schema, args, kwargs)
+        bound = _schema(target).bind(args, kwargs)
         if bound is not None:
             return bound
     positional, named = (args, dict(kwargs)) if method else _python_binding(target, args, kwargs)
@@ -482,7 +518,21 @@ def quick_op(node: fx.Node) -> str | None:
         return None if canon is None else canon.op
     if node.op not in ("call_function", "call_method"):
         return None
-    name = op_name(node.target, method=node.op == "call_method")
+    key = (node.target, node.op == "call_method")
+    try:
+        return _QUICK[key]
+    except KeyError:
+        found = _QUICK[key] = _op_of(*key)
+        return found
+    except TypeError:  # an unhashable target
+        return _op_of(*key)
+
+
+_QUICK: dict[tuple[Any, bool], str | None] = {}
+
+
+def _op_of(target: Any, method: bool) -> str | None:
+    name = op_name(target, method=method)
     if name is None:
         return None
     base = base_name(name)

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_leaves
 __all__ = [
     "NodeFacts", "OpFacts", "declare_op", "facts", "functional_form", "has_side_effects",
     "inplace_name", "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
-    "mutated_inputs", "op_name", "output_aliases", "spelled_inplace", "torch_name",
+    "mutated_inputs", "op_name", "output_aliases", "signature_of", "spelled_inplace", "torch_name",
     "unseen_aliases",
 ]
 
@@ -276,6 +276,26 @@ def _target_name(target: Any) -> str | None:
     return torch_name(target)
 
 
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
+
+
+def signature_of(target: Any) -> inspect.Signature | None:
+    """``inspect.signature(target)``, remembered (for a builtin it parses a text signature:
+    too slow to repeat per node), or None where there is none."""
+    try:
+        return _SIGNATURES[target]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable
+        return None
+    try:
+        found = inspect.signature(target)
+    except (TypeError, ValueError):
+        found = None
+    _SIGNATURES[target] = found
+    return found
+
+
 _NAMES: dict[Any, str | None] = {}
 
 
@@ -496,12 +516,13 @@ def _bind(target: Any, name: str | None, args: tuple, kwargs: dict) -> dict[str,
     name that fits; None when neither binds."""
     if isinstance(target, torch._ops.OpOverload):
         return _bind_schema(target._schema, args, kwargs)
-    if callable(target):
+    signature = signature_of(target) if callable(target) else None
+    if signature is not None:
         try:
-            ba = inspect.signature(target).bind(*args, **kwargs)
+            ba = signature.bind(*args, **kwargs)
             ba.apply_defaults()
             return dict(ba.arguments)
-        except (TypeError, ValueError):
+        except TypeError:
             pass
     packet = getattr(torch.ops.aten, name, None) if name else None
     if isinstance(packet, torch._ops.OpOverloadPacket):
@@ -781,10 +802,10 @@ def _python_call_facts(target: Callable, args: tuple, kwargs: dict) -> NodeFacts
 
 def _positional_inplace(target: Callable, args: tuple) -> bool:
     """``F.relu(x, True)``: the ``inplace`` flag given by position."""
-    try:
-        params = list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
+    signature = signature_of(target)
+    if signature is None:
         return False
+    params = list(signature.parameters)
     return "inplace" in params and len(args) > params.index("inplace") and args[
         params.index("inplace")] is True
 
