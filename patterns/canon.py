@@ -442,7 +442,44 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     if adapter is not None:
         adapted = adapter(target, args, kwargs)
         return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
-    return Canon(base, tuple(_arguments(target, name, args, kwargs, method)), inplace)
+    return Canon(base, _planned_arguments(target, name, args, kwargs, method), inplace)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Stands for the call's argument ``key`` (a position or a keyword) while a plan is made."""
+
+    key: int | str
+
+
+_PLANS: dict[tuple, tuple | None] = {}
+
+
+def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> tuple:
+    """:func:`_arguments`, through a plan made once per target and argument layout: the
+    binding depends only on how many arguments there are and which keywords, so it is
+    worked out on placeholders (:class:`_Slot`) and then filled in. Layouts whose binding
+    nests the arguments (``*args`` functions, ops without a schema) are bound every time."""
+    try:
+        key = (target, method, len(args), *kwargs)
+        plan = _PLANS[key]
+    except TypeError:  # an unhashable target
+        return tuple(_arguments(target, name, args, kwargs, method))
+    except KeyError:
+        slots = _arguments(target, name, tuple(_Slot(i) for i in range(len(args))),
+                           {k: _Slot(k) for k in kwargs}, method)
+        flat = all(type(v) is _Slot or not _holds_slot(v) for v in slots)
+        plan = _PLANS[key] = tuple(slots) if flat else None
+    if plan is None:
+        return tuple(_arguments(target, name, args, kwargs, method))
+    return tuple((args[v.key] if type(v.key) is int else kwargs[v.key]) if type(v) is _Slot else v
+                 for v in plan)
+
+
+def _holds_slot(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(type(v) is _Slot or _holds_slot(v) for v in value)
+    return isinstance(value, dict) and any(_holds_slot(v) for v in value.values())
 
 
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int, aten.numpy_T.default}

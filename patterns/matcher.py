@@ -29,6 +29,7 @@ Every failure is phrased for :func:`fxopt.patterns.explain`.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,7 +79,7 @@ class Match:
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
 
-    @property
+    @functools.cached_property
     def body(self) -> list[fx.Node]:
         """The matched computation (what the rewrite removes), without the ``get_attr``
         nodes a pattern's attributes matched."""

@@ -802,12 +802,18 @@ def _python_call_facts(target: Callable, args: tuple, kwargs: dict) -> NodeFacts
 
 def _positional_inplace(target: Callable, args: tuple) -> bool:
     """``F.relu(x, True)``: the ``inplace`` flag given by position."""
-    signature = signature_of(target)
-    if signature is None:
+    try:
+        position = _INPLACE_POSITIONS[target]
+    except KeyError:
+        signature = signature_of(target)
+        params = list(signature.parameters) if signature is not None else []
+        position = _INPLACE_POSITIONS[target] = params.index("inplace") if "inplace" in params else None
+    except TypeError:  # unhashable
         return False
-    params = list(signature.parameters)
-    return "inplace" in params and len(args) > params.index("inplace") and args[
-        params.index("inplace")] is True
+    return position is not None and len(args) > position and args[position] is True
+
+
+_INPLACE_POSITIONS: dict[Any, int | None] = {}
 
 
 def _describe(target: Any) -> str:
