@@ -80,7 +80,11 @@ class GraphSnapshot:
         return graph
 
     def to_graph_module(self, root: torch.nn.Module) -> fx.GraphModule:
-        """A GraphModule over ``root``'s attributes with the recorded graph (for diffs)."""
+        """A GraphModule over ``root``'s attributes with the recorded graph (for diffs).
+
+        ``root`` must hold every attribute the recorded graph names: passes delete the
+        weights they fold away (:func:`fxopt.graph_utils.drop_unused_attributes`), so an
+        early snapshot rebuilds over the model given to the run, not over its result."""
         return fx.GraphModule(root, self.build())
 
 

@@ -38,6 +38,7 @@ from fxopt.patterns.pattern import (
 )
 
 from fxopt.errors import AnalysisError, PatternError, RuleError
+from fxopt.graph_utils import drop_unused_attributes
 from fxopt.pass_protocol import Pass, PassResult
 from fxopt.pipeline import Conditional, SequencePass
 from fxopt.provenance import record_replacement
@@ -502,6 +503,8 @@ class RulePass(Pass):
         self.rewrote = total > 0
         stats = {"rewrites": total, **{k: v for k, v in counts.items() if v},
                  "matches": [r.summary() for r in records]}
+        if total:
+            drop_unused_attributes(gm)  # the replaced weights and modules nothing reads
         return PassResult(total > 0, stats)
 
 

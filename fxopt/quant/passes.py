@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from fxopt.analysis.shapes import record_value
 from fxopt.errors import InputError
-from fxopt.graph_utils import fetch_attr, fresh_attr_name
+from fxopt.graph_utils import drop_unused_attributes, fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.quant.observers import OBSERVERS, Observer, qparams_from_range, qrange
@@ -392,10 +392,10 @@ class Quantize(Pass):
 
 
 def _remove_dead_weights(gm: fx.GraphModule) -> None:
-    """Drop unused get_attr nodes and the submodules only they kept alive, so float copies
-    of quantized weights are not carried along (the tensors stay shared with the user's
-    model; nothing is written in place)."""
+    """Drop the unused weight views, get_attr nodes and what only they kept alive, so float
+    copies of quantized weights are not carried along (the tensors stay shared with the
+    user's model; nothing is written in place)."""
     for node in reversed(list(gm.graph.nodes)):
-        if not node.users and (node.op == "get_attr" or is_weight_view(node)):
+        if not node.users and is_weight_view(node):
             gm.graph.erase_node(node)
-    gm.delete_all_unused_submodules()
+    drop_unused_attributes(gm)
