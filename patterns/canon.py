@@ -144,6 +144,12 @@ def _selu(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
     return None if bound is None else ("elu", [bound[0], _SELU_ALPHA, _SELU_SCALE, 1])
 
 
+def _square(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    """``torch.square(x)`` is ``x ** 2`` (what make_fx records)."""
+    bound = _bind(args, _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("pow", [bound[0], 2])
+
+
 def _logsigmoid(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
     """``F.logsigmoid`` is exported under that name; ATen calls it ``log_sigmoid``."""
     bound = _bind(args, _self(kwargs), [("self", _MISSING)])
@@ -220,7 +226,7 @@ def _python_parameters(target: Any) -> list[str]:
 
 
 _ADAPTERS: dict[str, Adapter] = {
-    "hardtanh": _hardtanh, "relu6": _relu6, "selu": _selu, "logsigmoid": _logsigmoid,
+    "hardtanh": _hardtanh, "relu6": _relu6, "selu": _selu, "logsigmoid": _logsigmoid, "square": _square,
     "_softmax": _private_softmax("softmax"), "_log_softmax": _private_softmax("log_softmax"),
     "convolution": _convolution, "_convolution": _convolution, "batch_norm": _batch_norm,
     **{f"conv{d}d": _conv(d, False) for d in (1, 2, 3)},
@@ -228,7 +234,7 @@ _ADAPTERS: dict[str, Adapter] = {
 }
 #: the canonical op each adapter produces (for the cheap anchor index)
 _ADAPTED_OP = {"hardtanh": "hardtanh", "relu6": "hardtanh", "selu": "elu", "logsigmoid": "log_sigmoid",
-               "_softmax": "softmax",
+               "square": "pow", "_softmax": "softmax",
                "_log_softmax": "log_softmax", "batch_norm": "batch_norm",
                **dict.fromkeys(("convolution", "_convolution", *(f"conv{d}d" for d in (1, 2, 3)),
                                 *(f"conv_transpose{d}d" for d in (1, 2, 3))), "convolution")}

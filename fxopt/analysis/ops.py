@@ -253,7 +253,7 @@ def torch_name(target: Any) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 #: Python operators spelled differently from their ATen op
-_OPERATOR_NAMES = {"truediv": "div", "floordiv": "floor_divide", "and_": "bitwise_and",
+_OPERATOR_NAMES = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder", "and_": "bitwise_and",
                    "or_": "bitwise_or", "xor": "bitwise_xor", "invert": "bitwise_not",
                    "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift", "pos": "positive"}
 

@@ -203,3 +203,82 @@ def test_inplace_spellings_match_only_where_the_write_is_invisible(name: str) ->
     expected = op.functional(x.clone())
     visible(x)
     torch.testing.assert_close(x, expected)  # the caller still sees the write
+
+
+# --- pointwise ops: generated from ATen's pointwise tag ---------------------------------
+
+def _pointwise_unary() -> list[str]:
+    """Every ATen pointwise op of one tensor and nothing else that torch also spells as a
+    function, a method and an in-place method (abs, exp, sigmoid, sqrt, ...)."""
+    found = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name)
+        if not isinstance(packet, torch._ops.OpOverloadPacket) or "default" not in packet.overloads():
+            continue
+        op = packet.default
+        if torch.Tag.pointwise in op.tags and len(op._schema.arguments) == 1 and all(
+                hasattr(owner, spelled) for owner, spelled in
+                ((torch, name), (torch.Tensor, name), (torch.Tensor, name + "_"))):
+            found.append(name)
+    # not float ops; conj_physical of a real tensor is recorded as nothing at all
+    return [n for n in found if n not in ("bitwise_not", "logical_not", "conj_physical")]
+
+
+UNARY = _pointwise_unary()
+BINARY = {  # name: the operator spelling, if any
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "pow": lambda a, b: a ** b, "maximum": None, "minimum": None,
+    "atan2": None, "fmod": None, "remainder": lambda a, b: a % b, "hypot": None,
+}
+
+
+def test_the_unary_list_is_generated_and_large() -> None:
+    assert len(UNARY) >= 30 and {"exp", "sqrt", "sigmoid", "abs"} <= set(UNARY)
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_pointwise_spellings(name: str) -> None:
+    fn = getattr(torch, name)
+    spellings = {"function": lambda t: fn(t), "method": lambda t: getattr(t, name)(),
+                 "in-place method on a fresh tensor": lambda t: getattr(t * 1.5, name + "_")()}
+    pattern = _with_names(lambda t: getattr(torch.ops.aten, name).default(t), 1)
+    x = torch.rand(X) + 0.25  # in every op's domain
+    for spelling, f in spellings.items():
+        for how in ("symbolic_trace", "make_fx"):
+            gm = _graph(Apply(f), how)
+            expected = gm(x)
+            assert fp.replace(gm, pattern, _tripled(pattern, 1)) == 1, (spelling, how, fp.explain(gm, pattern))
+            torch.testing.assert_close(gm(x), expected * 3.0, equal_nan=True)
+    # written into the graph input: the out-of-place pattern must not take it
+    visible = fx.symbolic_trace(Apply(lambda t: getattr(t, name + "_")(), fresh=False))
+    assert fp.find_matches(visible, pattern) == []
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_pointwise_spellings(name: str) -> None:
+    fn = getattr(torch, name)
+    spellings = {"function": lambda a, b: fn(a, b), "method": lambda a, b: getattr(a, name)(b)}
+    if hasattr(torch.Tensor, name + "_"):
+        spellings["in-place method on a fresh tensor"] = lambda a, b: getattr(a.clone(), name + "_")(b)
+    if BINARY[name] is not None:
+        spellings["operator"] = BINARY[name]
+
+    def pattern(t, a):
+        return fn(t, a)
+
+    class Two(nn.Module):
+        def __init__(self, f: Callable):
+            super().__init__()
+            self.f = f
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return self.f(a.clone(), b)
+
+    a, b = torch.rand(X) + 0.25, torch.rand(X) + 0.25
+    for spelling, f in spellings.items():
+        for how in ("symbolic_trace", "make_fx"):
+            model = Two(f)
+            gm = fx.symbolic_trace(model) if how == "symbolic_trace" else make_fx(model)(a, b)
+            expected = gm(a, b)
+            assert fp.replace(gm, pattern, _tripled(pattern, 2)) == 1, (spelling, how, fp.explain(gm, pattern))
+            torch.testing.assert_close(gm(a, b), expected * 3.0)
