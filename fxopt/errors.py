@@ -143,3 +143,13 @@ class PatternError(FxoptError, ValueError):
     """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
     or a replacement whose signature does not fit the pattern. Raised when the rule is
     created, never while matching."""
+
+
+class RuleError(FxoptError, RuntimeError):
+    """A rule's own code failed while it was applied: a constraint, a ``where`` predicate
+    or a per-match callback raised. Names the rule and what raised; the graph is left as
+    it was before the rewrite that was being checked."""
+
+    def __init__(self, rule: str, message: str):
+        self.rule = rule
+        super().__init__(f"rule {rule!r}: {message}")

@@ -1,5 +1,5 @@
-"""A replacement may write in place only into tensors it creates: its arguments are the
-caller's (graph inputs, parameters, values read after the match)."""
+"""A replacement may write in place into its arguments only where the write is invisible:
+its arguments are the caller's (graph inputs, parameters, values read after the match)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,26 @@ class Model(torch.nn.Module):
         return torch.relu(x + 1) * x
 
 
+class Intermediate(torch.nn.Module):
+    """The pattern's argument is a fresh value nothing reads after the match."""
+
+    def forward(self, x):
+        return torch.relu(x * 2 + 1)
+
+
 @pytest.mark.parametrize("replacement", [writes_argument, writes_a_view_of_argument,
                                          writes_argument_by_flag])
-def test_a_replacement_writing_the_callers_tensor_is_refused(replacement):
-    with pytest.raises(PatternError, match="writes in place into"):
-        fp.rule(pattern, replacement)
+def test_a_replacement_never_writes_a_tensor_the_caller_sees(replacement):
+    gm = fx.symbolic_trace(Model())  # x is a graph input and read again after the match
+    assert fp.replace(gm, pattern, replacement) == 0
+    assert_equivalent(fx.symbolic_trace(Model()), gm, (torch.randn(8),))
+
+
+@pytest.mark.parametrize("replacement", [writes_argument, writes_a_view_of_argument])
+def test_a_replacement_may_write_an_argument_nothing_else_sees(replacement):
+    gm = fx.symbolic_trace(Intermediate())
+    assert fp.replace(gm, pattern, replacement) == 1
+    assert_equivalent(fx.symbolic_trace(Intermediate()), gm, (torch.randn(8),))
 
 
 def test_a_replacement_writing_its_own_tensor_is_applied_and_leaves_the_input_alone():
