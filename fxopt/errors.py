@@ -120,3 +120,13 @@ class PatternError(FxoptError, ValueError):
     """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
     or a replacement whose signature does not fit the pattern. Raised when the rule is
     created, never while matching."""
+
+
+class ProfileError(FxoptError, RuntimeError):
+    """A graph could not be profiled: it raised at ``node`` on the given inputs.
+    The module's parameters, buffers and the inputs are left as they were."""
+
+    def __init__(self, message: str, node: str | None = None):
+        self.node = node
+        where = f" at node {node!r}" if node else ""
+        super().__init__(f"profiling failed{where}: {message}")
