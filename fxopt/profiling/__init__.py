@@ -9,8 +9,10 @@
 """
 
 from fxopt.profiling.diff import PassChange, ProfileDiff
+from fxopt.profiling.inductor import CompiledProfile, KernelProfile, profile_compiled
 from fxopt.profiling.kinds import KINDS, op_kind
 from fxopt.profiling.result import NodeProfile, Profile
 from fxopt.profiling.run import profile
 
-__all__ = ["KINDS", "NodeProfile", "PassChange", "Profile", "ProfileDiff", "op_kind", "profile"]
+__all__ = ["KINDS", "CompiledProfile", "KernelProfile", "NodeProfile", "PassChange", "Profile",
+           "ProfileDiff", "op_kind", "profile", "profile_compiled"]
