@@ -27,6 +27,7 @@ from .diff import GraphDiff, diff_graphs, diff_to_dot
 from .graph import to_dot
 from .labels import safe_repr
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
+from .profile import profile_section
 from .renderer import find_renderer, run_renderer
 
 _SVG_START = re.compile(r"<svg\b")
@@ -148,6 +149,9 @@ class _Page:
             head.append(f'<p class="fx-warning" id="no-renderer">Graphs are shown as DOT text: '
                         f"{html.escape(self.missing_renderer)}</p>")
         head += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
+        if report.profile is not None:  # optimize(..., profile=True): the measured before/after
+            head.append(profile_section(report.profile.after, self.figure, "profile after the passes",
+                                        report.profile))
         final = ""
         if len(self.gm.graph.nodes) <= 400:
             final = ('<details id="final-graph"><summary>final graph</summary>'
