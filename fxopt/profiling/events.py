@@ -100,7 +100,7 @@ def _one_run(run: Any, events: list[Any], node_names: Sequence[str], launchers: 
     live = 0
     current = None
     for e in events:
-        if e.name() != "[memory]" or e.device_type() != memory_device:
+        if e.name() != "[memory]" or e.device_type() != memory_device or e.start_ns() > run.end_ns():
             continue
         fig = slot(e.start_ns())
         if fig is None:

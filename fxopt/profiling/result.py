@@ -177,9 +177,10 @@ class Profile:
                           for r in self.by_kind()],
                          headers=["kind", "nodes", "ms", "%", "GFLOP", "alloc MiB"], disable_numparse=True)
         what = "GPU kernel time" if self.device.startswith("cuda") else "CPU time"
-        head = (f"profile on {self.device}: {len(self.nodes)} nodes, {self.runs} runs; per run: "
-                f"nodes {self.node_time_s * 1e3:.3f} ms ({what}), end to end {self.total_s * 1e3:.3f} ms "
-                f"profiled / {self.eager_s * 1e3:.3f} ms plain; peak {self.peak_bytes / _MIB:.1f} MiB")
+        head = (f"profile on {self.device}: {len(self.nodes)} nodes, {self.runs} runs, "
+                f"peak {self.peak_bytes / _MIB:.1f} MiB live\nper run: nodes {self.node_time_s * 1e3:.3f} "
+                f"ms ({what}), end to end {self.total_s * 1e3:.3f} ms profiled, "
+                f"{self.eager_s * 1e3:.3f} ms plain")
         lines = [head, "", nodes, "", kinds]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)

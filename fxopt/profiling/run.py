@@ -34,6 +34,7 @@ from fxopt.profiling.kinds import node_kind
 from fxopt.profiling.memory import arena_bytes, predicted_live_bytes
 from fxopt.profiling.result import NodeProfile, Profile, share_of
 from fxopt.snapshot import ModuleState, TensorBackup
+from fxopt.snapshot import _tensors as module_tensors
 
 
 class _LabelledInterpreter(fx.Interpreter):
@@ -77,11 +78,17 @@ class _StateGuard:
 
     def restore(self) -> None:
         self.restore_inputs()
+        # compared by value: batch norm updates its running statistics without bumping
+        # their version counters, so versions alone would miss them
+        changed = [(name, t) for name, t in module_tensors(self.gm)
+                   if id(t) in self.backup.copies and not torch.equal(t, self.backup.copies[id(t)])]
+        if changed:
+            self.backup.restore(changed)
         mutated = self.state.mutated_tensors()
-        if mutated and not self.backup.restore(mutated):
+        if mutated and not self.backup.enabled:
             self.warnings.append(
-                f"the graph writes {', '.join(n for n, _ in mutated)} in place; they were too large "
-                "to snapshot (backup_limit), so they hold the values of the last profiled run")
+                f"the graph writes {', '.join(n for n, _ in mutated)} in place; the module was too "
+                "large to snapshot (backup_limit), so they hold the values of the last profiled run")
 
 
 def profile(
@@ -139,23 +146,25 @@ def profile(
                                         record_shapes=record_shapes) as prof:
                 for _ in range(repeat):
                     with record_function(RUN_LABEL):
-                        _LabelledInterpreter(gm).run(*inputs)
+                        out = _LabelledInterpreter(gm).run(*inputs)
                         sync()
+                    del out  # after the run: the caller would hold the outputs
                     guard.restore_inputs()
+        # inside the guard: the shapes analysis's fake run of a train-mode BatchNorm module
+        # still increments its real num_batches_tracked
+        predicted = predicted_live_bytes(gm, inputs)
     finally:
         guard.restore()
     runs = parse_runs(prof.profiler.kineto_results.events(), names, dev.type)
     result = _assemble(gm, runs, dev, flops, eager)
     result.warnings += guard.warnings
     result.profiler = prof
-    result.predicted_bytes = predicted_live_bytes(gm, inputs)
+    result.predicted_bytes = predicted
     result.arena_bytes = arena_bytes(gm)
     return result
 
 
 def _tensors(gm: fx.GraphModule, inputs: tuple[Any, ...]) -> list[torch.Tensor]:
-    from fxopt.snapshot import _tensors as module_tensors
-
     leaves = torch.utils._pytree.tree_leaves(inputs)
     return [t for t in leaves if isinstance(t, torch.Tensor)] + [t for _, t in module_tensors(gm)]
 
