@@ -22,6 +22,8 @@ from fxopt.provenance import PROVENANCE_KEY
 from fxopt.snapshot import _FIELDS, GraphSnapshot
 
 UNCHANGED = "(unchanged nodes)"
+#: new nodes that name no pass (no fxopt.created_by) when no optimize report is at hand
+NO_PROVENANCE = "(new nodes, pass unknown)"
 _MIB = 1 << 20
 
 
@@ -169,7 +171,7 @@ def diff_profiles(before: Profile, after: Profile, report: Any = None) -> Profil
             passes = {creators[n] for side, n in keys if side == "a"} | \
                      {removed_by.get(n) for side, n in keys if side == "b" and n not in a_names}
             passes.discard(None)
-            label = " + ".join(sorted(passes, key=lambda p: order.get(p, len(order)))) or "(rewritten)"
+            label = " + ".join(sorted(passes, key=lambda p: (order.get(p, len(order)), p))) or NO_PROVENANCE
         else:
             label = UNCHANGED
         change = buckets.setdefault(label, PassChange(label))
