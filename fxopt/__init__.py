@@ -7,6 +7,7 @@ Quick start::
     print(fxopt.report_of(gm))
 """
 
+from fxopt.analysis.ops import declare_op
 from fxopt.errors import (
     AnalysisError,
     FxoptError,
@@ -48,8 +49,8 @@ __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
     "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
-    "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
-    "compile", "get_pass_class", "optimize", "origins", "parse_pipeline", "profile",
-    "profile_compiled", "record_replacement",
+    "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
+    "VerifyEach", "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline",
+    "profile", "profile_compiled", "record_replacement",
     "register_pass", "registered_passes", "report_of",
 ]
