@@ -1,16 +1,19 @@
-"""fxopt.profile on a GPU: do the per-node figures add up to what torch itself measures?
+"""fxopt.profile on a GPU (or the CPU): do the per-node figures add up to what torch measures?
 
 Checks, each printed and written to ``$OUT/profile_gpu.json`` (or ``--out``):
 
 1. time: the sum of the nodes' GPU kernel time vs the end-to-end time of a plain
    ``gm(*inputs)`` call (CUDA-synchronized wall time, median), on GPU-bound models;
 2. memory: the peak of the measured live-memory curve vs ``torch.cuda.max_memory_allocated``
-   over one plain call (both relative to the memory allocated before the call);
+   over one plain call (both relative to the memory allocated before the call); on the CPU
+   vs the peak of the CPU profiler's allocator events over one plain call;
 3. the hotspot ranking of torchvision's resnet18 and the before/after of the default
    pipeline (``fxopt.optimize(..., profile=True)``);
 4. Inductor kernels attributed to FX nodes for a model compiled with ``backend="fxopt"``.
 
-Run: ``python3 bench/profile_gpu.py [--out DIR]`` on a CUDA machine.
+Run: ``python3 bench/profile_gpu.py [--out DIR]`` on a CUDA machine; ``--device cpu
+--small`` runs checks 1-3 on the CPU with smaller models (fxopt.models.ResNet18 where
+torchvision is missing).
 """
 
 from __future__ import annotations
@@ -31,7 +34,24 @@ import fxopt
 from fxopt.profiling import profile, profile_compiled
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def plain_peak(gm: nn.Module, inputs: tuple) -> int:
+    if inputs[0].device.type == "cpu":
+        from torch.profiler import ProfilerActivity
+
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = gm(*inputs)
+            del out
+        live = peak = 0
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        for e in sorted(events, key=lambda e: e.start_ns()):
+            live += e.nbytes()
+            peak = max(peak, live)
+        return peak
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -47,17 +67,17 @@ def plain_time(gm: nn.Module, inputs: tuple, repeat: int = 20) -> float:
         gm(*inputs)
     times = []
     for _ in range(repeat):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         gm(*inputs)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def check(name: str, gm: fx.GraphModule, inputs: tuple, results: dict, top: int = 5) -> None:
     with torch.no_grad():
-        p = profile(gm, inputs, warmup=3, repeat=10)
+        p = profile(gm, inputs, warmup=3, repeat=10 if inputs[0].is_cuda else 5)
         eager = plain_time(gm, inputs)
         peak = plain_peak(gm, inputs)
     row = {
@@ -89,24 +109,29 @@ class MLP(nn.Module):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="smaller models and batches (CPU)")
     args = parser.parse_args()
-    results: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
-    steps = [
-        ("mlp_4096x8_bf16", lambda: (fx.symbolic_trace(MLP().cuda().to(torch.bfloat16).eval()),
-                                     (torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16),))),
-    ]
+    dev = torch.device(args.device)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu, {os.cpu_count()} cores"
+    results: dict = {"torch": torch.__version__, "device": name}
+    width, rows, batch, seq = (768, 256, 4, 64) if args.small else (4096, 8192, 64, 256)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     try:
-        import torchvision
-
-        steps.append(("resnet18_b64", lambda: (fx.symbolic_trace(torchvision.models.resnet18().cuda().eval()),
-                                               (torch.randn(64, 3, 224, 224, device="cuda"),))))
+        from torchvision.models import resnet18
     except ImportError:
-        results["resnet18_b64"] = "torchvision missing"
+        from fxopt.models import ResNet18 as resnet18
     from fxopt.models import TransformerEncoderNet
 
-    steps.append(("transformer_encoder_b32", lambda: (
-        fx.symbolic_trace(TransformerEncoderNet(d_model=512, heads=8, ff=2048, layers=4).cuda().eval()),
-        (torch.randn(32, 256, 512, device="cuda"),))))
+    steps = [
+        (f"mlp_{width}x8", lambda: (fx.symbolic_trace(MLP(width).to(dev, dtype).eval()),
+                                    (torch.randn(rows, width, device=dev, dtype=dtype),))),
+        (f"resnet18_b{batch}", lambda: (fx.symbolic_trace(resnet18().to(dev).eval()),
+                                        (torch.randn(batch, 3, 224, 224, device=dev),))),
+        (f"transformer_encoder_b{batch // 2}", lambda: (
+            fx.symbolic_trace(TransformerEncoderNet(d_model=512, heads=8, ff=2048, layers=4).to(dev).eval()),
+            (torch.randn(batch // 2, seq, 512, device=dev),))),
+    ]
     for name, build in steps:
         try:
             gm, inputs = build()
@@ -115,10 +140,8 @@ def main() -> None:
             results[name] = traceback.format_exc()
             print(results[name])
     try:  # before/after of the default pipeline on resnet18
-        import torchvision
-
-        model = torchvision.models.resnet18().cuda().eval()
-        x = torch.randn(64, 3, 224, 224, device="cuda")
+        model = resnet18().to(dev).eval()
+        x = torch.randn(batch, 3, 224, 224, device=dev)
         with torch.no_grad():
             gm = fxopt.optimize(model, example_inputs=(x,), profile=True)
         diff = fxopt.report_of(gm).profile
@@ -128,8 +151,8 @@ def main() -> None:
         results["resnet18_diff"] = traceback.format_exc()
         print(results["resnet18_diff"])
     try:  # Inductor kernels -> FX nodes
-        from fxopt.models import TransformerEncoderNet
-
+        if dev.type != "cuda":
+            raise RuntimeError("compiled check skipped off the GPU (tests/profiling covers the CPU)")
         model = TransformerEncoderNet(d_model=256, heads=4, ff=1024, layers=2).cuda().eval()
         with torch.no_grad():
             compiled = profile_compiled(model, (torch.randn(16, 128, 256, device="cuda"),), repeat=5)

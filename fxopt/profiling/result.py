@@ -161,26 +161,24 @@ class Profile:
         return out.getvalue()
 
     def table(self, top: int = 20) -> str:
-        """The printable summary: totals, the ``top`` nodes and the kinds (100 columns)."""
+        """The printable summary: totals, the ``top`` nodes and the kinds (<= 100 columns)."""
         rows = []
-        cumulative = 0.0
         for rank, r in enumerate(self.hotspots(top), 1):
-            cumulative += r["share"]
-            rows.append([rank, _clip(r["node"], 26), r["kind"], _clip(r["module"], 16),
-                         f"{r['time_ms']:.3f}", f"{100 * r['share']:.1f}", f"{100 * cumulative:.1f}",
-                         _gflop(r["flops"]), f"{r['allocated_bytes'] / _MIB:.1f}",
-                         f"{r['peak_bytes'] / _MIB:.1f}"])
-        nodes = tabulate(rows, headers=["#", "node", "kind", "module", "ms", "%", "cum%", "GFLOP",
-                                        "alloc MiB", "peak MiB"], disable_numparse=True)
+            rows.append([rank, _clip(r["node"], 26), r["kind"], _clip(r["module"], 14, keep_end=True),
+                         f"{r['time_ms']:.3f}", f"{100 * r['share']:.1f}", _gflop(r["flops"]),
+                         f"{r['allocated_bytes'] / _MIB:.1f}", f"{r['peak_bytes'] / _MIB:.1f}"])
+        nodes = tabulate(rows, headers=["#", "node", "kind", "module", "ms", "%", "GFLOP", "alloc",
+                                        "peak"], disable_numparse=True)
         kinds = tabulate([[r["kind"], r["nodes"], f"{r['time_ms']:.3f}", f"{100 * r['share']:.1f}",
                            _gflop(r["flops"] or None), f"{r['allocated_bytes'] / _MIB:.1f}"]
                           for r in self.by_kind()],
-                         headers=["kind", "nodes", "ms", "%", "GFLOP", "alloc MiB"], disable_numparse=True)
+                         headers=["kind", "nodes", "ms", "%", "GFLOP", "alloc"], disable_numparse=True)
         what = "GPU kernel time" if self.device.startswith("cuda") else "CPU time"
         head = (f"profile on {self.device}: {len(self.nodes)} nodes, {self.runs} runs, "
                 f"peak {self.peak_bytes / _MIB:.1f} MiB live\nper run: nodes {self.node_time_s * 1e3:.3f} "
                 f"ms ({what}), end to end {self.total_s * 1e3:.3f} ms profiled, "
-                f"{self.eager_s * 1e3:.3f} ms plain")
+                f"{self.eager_s * 1e3:.3f} ms plain\nalloc: MiB allocated by the node; peak: MiB live "
+                "while it ran (both from the start of the run)")
         lines = [head, "", nodes, "", kinds]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -206,8 +204,10 @@ class Profile:
         return Path(path)
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _clip(text: str, width: int, keep_end: bool = False) -> str:
+    if len(text) <= width:
+        return text
+    return "…" + text[1 - width:] if keep_end else text[: width - 1] + "…"
 
 
 def _gflop(flops: int | None) -> str:

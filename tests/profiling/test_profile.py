@@ -149,6 +149,15 @@ def test_trace_is_chrome_json_with_node_slices(tmp_path):
     assert "aten::linear" in slices
 
 
+class LongNames(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder_with_a_long_name = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)))  # noqa: E501
+
+    def forward(self, x):
+        return self.encoder_with_a_long_name(x)
+
+
 def test_csv_rows():
     gm = fx.symbolic_trace(MLP(width=64, depth=2))
     result = profile(gm, (torch.randn(4, 64),), warmup=0, repeat=1)
@@ -157,7 +166,8 @@ def test_csv_rows():
     assert len(lines) == 1 + len(gm.graph.nodes)
     assert result.to_csv(by="kind").splitlines()[0].startswith("kind,")
     assert max(len(line) for line in result.table().splitlines()) <= 100
-    long_names = profile(fx.symbolic_trace(TrainingBN()), (torch.randn(1, 3, 5, 5),), repeat=1)
+    long_names = profile(fx.symbolic_trace(LongNames()), (torch.randn(1, 8),), repeat=1)
+    assert max(len(n.name) for n in long_names.nodes) > 26  # clipped in the table
     assert max(len(line) for line in long_names.table().splitlines()) <= 100
 
 
