@@ -1,5 +1,6 @@
 """Before/after: the change is credited to the passes and the nodes they rewrote."""
 
+import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -63,3 +64,11 @@ def test_diff_without_a_report_uses_provenance_alone():
     fused = next(c for c in diff.changes if c.passes == "constant_fold + fuse_conv_bn_relu")
     assert {"layer1_conv", "layer1_bn", "relu"} <= set(fused.nodes_before)
     assert diff.rows()[0].keys() >= {"passes", "nodes_before", "nodes_after", "delta_ms"}
+
+
+def test_optimize_profile_needs_inputs_and_leaves_the_report_alone_otherwise():
+    model = Net().eval()
+    with pytest.raises(fxopt.InputError, match="profile=True"):
+        fxopt.optimize(model, profile=True)
+    gm = fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),))
+    assert fxopt.report_of(gm).profile is None
