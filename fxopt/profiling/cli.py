@@ -1,4 +1,10 @@
-"""``fxopt profile MODULE:FACTORY``: the hotspot table, a trace and an HTML heat map."""
+"""``fxopt profile MODULE:FACTORY``: the hotspot table, a trace and an HTML heat map.
+
+The factory returns a model, or a ``(model, example_inputs)`` pair. Inputs come from
+``--input-shape``; without it, from the pair, or else from the model's first layer (an
+image batch of one for a convolution, one row for a linear layer, 128 token ids for an
+embedding), so ``fxopt profile torchvision.models:resnet18`` runs as written.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,11 @@ import torch
 def add_subcommand(sub: Any, parse_shape: Any, load_factory: Any) -> None:
     """Register ``profile`` on the ``fxopt`` parser's subparsers (``fxopt.cli``)."""
     cmd = sub.add_parser("profile", help="profile MODULE:FACTORY node by node (time, memory, FLOPs)")
-    cmd.add_argument("target", help="package.module:factory or file.py:factory returning an nn.Module")
+    cmd.add_argument("target", help="package.module:factory or file.py:factory returning an nn.Module "
+                     "or a (model, example_inputs) pair")
     cmd.add_argument("--input-shape", action="append", type=parse_shape, default=[],
-                     help="shape of one example input, e.g. 1,3,224,224 (repeat per input)")
+                     help="shape of one example input, e.g. 1,3,224,224 (repeat per input); default: "
+                     "the factory's inputs, or one input guessed from the first layer")
     cmd.add_argument("--dtype", default="float32", help="dtype of the example inputs")
     cmd.add_argument("--device", default="cpu", help="where to run it: cpu (default) or cuda")
     cmd.add_argument("--top", type=int, default=20, help="rows of the hotspot table (default 20)")
@@ -28,11 +36,17 @@ def add_subcommand(sub: Any, parse_shape: Any, load_factory: Any) -> None:
 def run(args: argparse.Namespace, load_factory: Any) -> int:
     from fxopt.profiling import profile
 
-    if not args.input_shape:
-        raise SystemExit("fxopt: give at least one --input-shape")
-    model = load_factory(args.target)().eval()
-    dtype = getattr(torch, args.dtype)
-    inputs = tuple(torch.randn(shape).to(dtype) for shape in args.input_shape)
+    made = load_factory(args.target)()
+    model, inputs = made if isinstance(made, tuple) else (made, None)
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if args.input_shape:
+        dtype = getattr(torch, args.dtype)
+        inputs = tuple(torch.randn(shape).to(dtype) for shape in args.input_shape)
+    elif inputs is None:
+        inputs = (guess_input(model),)
+        print(f"input guessed from the first layer: {_describe(inputs[0])} (set it with --input-shape)")
+    model = model.eval()
     with torch.no_grad():
         result = profile(model, inputs, device=args.device, warmup=args.warmup, repeat=args.repeat)
     print(result.table(top=args.top))
@@ -51,3 +65,23 @@ def run(args: argparse.Namespace, load_factory: Any) -> int:
                                      encoding="utf-8")
         print(f"report written to {args.report}")
     return 0
+
+
+def guess_input(model: torch.nn.Module) -> torch.Tensor:
+    """An example input for ``model`` from its first registered convolution, linear or
+    embedding layer (the first layer it runs, in most models)."""
+    nn = torch.nn
+    convs = ((nn.Conv1d, (1024,)), (nn.Conv2d, (224, 224)), (nn.Conv3d, (16, 112, 112)))
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return torch.randint(0, module.num_embeddings, (1, 128))
+        for conv, spatial in convs:
+            if isinstance(module, conv):
+                return torch.randn(1, module.in_channels, *spatial)
+        if isinstance(module, nn.Linear):
+            return torch.randn(1, module.in_features)
+    raise SystemExit(f"fxopt: cannot guess an input for {type(model).__name__}; give --input-shape")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]"

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxopt.errors import InputError, ProfileError
+from fxopt.errors import InputError, ProfileError, TraceError
 from fxopt.profiling.events import NODE_PREFIX, RUN_LABEL, parse_runs
 from fxopt.profiling.kinds import node_kind
 from fxopt.profiling.memory import arena_bytes, predicted_live_bytes
@@ -103,8 +103,9 @@ def profile(
 ) -> Profile:
     """Measure every node of ``gm`` on ``example_inputs``: time, memory, FLOPs.
 
-    ``gm`` is a GraphModule (an ``nn.Module`` or ``ExportedProgram`` is captured as
-    :func:`fxopt.optimize` does). ``device`` (default: where the inputs are) is where the
+    ``gm`` is a GraphModule, an ``ExportedProgram`` or an ``nn.Module``: traced with
+    ``fx.symbolic_trace``, or, where that fails (models with shape-dependent branches,
+    Hugging Face transformers), exported with ``torch.export`` on ``example_inputs``. ``device`` (default: where the inputs are) is where the
     graph runs; a model or inputs elsewhere are copied there, the caller's stay put. The
     graph runs ``warmup`` times (the first also counts FLOPs), then ``repeat`` times
     under the profiler; times are means over those runs. A plain ``gm(*inputs)`` is also
@@ -113,14 +114,12 @@ def profile(
     Raises :class:`~fxopt.errors.ProfileError` naming the node where the graph fails on
     the inputs, :class:`~fxopt.errors.InputError` for inputs that are not a tuple/list.
     """
-    from fxopt.optimize import as_graph_module
-
     if not isinstance(example_inputs, (tuple, list)):
         raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
     if warmup < 0 or repeat < 1:
         raise InputError(f"warmup must be >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
-    gm = as_graph_module(gm)
     inputs = tuple(example_inputs)
+    gm = _capture(gm, inputs)
     dev = torch.device(device) if device is not None else _device_of(inputs, gm)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("device='cuda' but torch.cuda.is_available() is false")
@@ -162,6 +161,22 @@ def profile(
     result.predicted_bytes = predicted
     result.arena_bytes = arena_bytes(gm)
     return result
+
+
+def _capture(model: Any, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """A GraphModule of ``model``: symbolic_trace first (it keeps the module structure),
+    then torch.export, which follows what symbolic_trace cannot when given the inputs.
+    Both share the model's parameters and buffers."""
+    from fxopt.optimize import as_graph_module
+
+    try:
+        return as_graph_module(model)
+    except TraceError as trace_error:
+        try:
+            return torch.export.export(model, inputs, strict=False).module()
+        except Exception as exc:
+            raise TraceError(f"{trace_error}\ntorch.export.export failed too: {type(exc).__name__}: "
+                             f"{exc}") from exc
 
 
 def _tensors(gm: fx.GraphModule, inputs: tuple[Any, ...]) -> list[torch.Tensor]:

@@ -23,3 +23,21 @@ def test_profile_command_writes_trace_csv_and_report(tmp_path, capsys):
     assert {"fxopt::_0", "fxopt::_1", "fxopt::_2"} <= names
     assert 'class="fx-memory-curve"' in report.read_text()
     assert rows.read_text().splitlines()[0].startswith("node,")
+
+
+def test_profile_command_without_input_shape(tmp_path, capsys):
+    """The issue's form, ``fxopt profile module:factory``: inputs from the factory's pair,
+    or guessed from the first layer."""
+    factory = tmp_path / "zoo.py"
+    factory.write_text(
+        "import torch\n"
+        "def cnn():\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=8), torch.nn.ReLU(), torch.nn.Flatten())\n"
+        "def pair():\n"
+        "    return torch.nn.Linear(5, 2), torch.randn(3, 5)\n")
+    assert main(["profile", f"{factory}:cnn", "--repeat", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "float32[1,3,224,224]" in out and "conv" in out
+    assert main(["profile", f"{factory}:pair", "--repeat", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "guessed" not in out and "matmul" in out

@@ -144,9 +144,44 @@ def test_trace_is_chrome_json_with_node_slices(tmp_path):
     result = profile(gm, (torch.randn(4, 64),), warmup=0, repeat=1)
     path = result.export_chrome_trace(tmp_path / "trace.json")
     trace = json.loads(path.read_text())
-    slices = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    complete = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    # what Perfetto's JSON importer needs of a complete event: numeric ts/dur, pid and tid
+    for e in complete:
+        assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+        assert "pid" in e and "tid" in e and isinstance(e["name"], str)
+    slices = {e["name"] for e in complete}
     assert {f"fxopt::{n.name}" for n in gm.graph.nodes} <= slices
     assert "aten::linear" in slices
+    # every node slice lies inside the run's slice on the same thread (a nested track)
+    run = next(e for e in complete if e["name"] == "fxopt.run")
+    for e in complete:
+        if e["name"].startswith("fxopt::"):
+            assert e["tid"] == run["tid"]
+            assert run["ts"] <= e["ts"] and e["ts"] + e["dur"] <= run["ts"] + run["dur"] + 1
+
+
+class ShapeBranch(nn.Module):
+    """symbolic_trace cannot follow a branch on a shape; torch.export specializes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if x.shape[0] > 2:
+            return torch.relu(self.linear(x))
+        return x
+
+
+def test_a_module_symbolic_trace_cannot_follow_is_exported():
+    model = ShapeBranch().eval()
+    with pytest.raises(torch.fx.proxy.TraceError):
+        fx.symbolic_trace(model)
+    x = torch.randn(4, 16)
+    result = profile(model, (x,), warmup=0, repeat=1)
+    assert [n.kind for n in result.nodes if n.op == "call_function"][:2] == ["matmul", "pointwise"]
+    with pytest.raises(fxopt.TraceError, match="torch.export"):
+        profile(model, ("not a tensor",), warmup=0, repeat=1)
 
 
 class LongNames(nn.Module):
