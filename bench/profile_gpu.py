@@ -109,6 +109,13 @@ def check(name: str, gm: fx.GraphModule, inputs: tuple, results: dict, top: int 
         "kinds": [(r["kind"], round(r["time_ms"], 4)) for r in p.by_kind()],
     }
     results[name] = row
+    if name.startswith("mlp"):  # which kinds of raw events the profiler gave (diagnostics)
+        kinds: dict[str, int] = {}
+        for e in p.profiler.profiler.kineto_results.events():
+            key = f"{e.activity_type()}/{e.device_type()}"
+            kinds[key] = kinds.get(key, 0) + 1
+        row["event_kinds"] = kinds
+        row["kernels_attributed"] = sum(len(n.kernels) for n in p.nodes)
     print(f"\n== {name}\n{p.table(top)}")
     print(f"-> node time sum / plain end-to-end = {row['time_ratio']:.3f} (median of {ratios}); "
           f"curve peak / allocator peak = {row['memory_ratio']}")
@@ -167,7 +174,7 @@ def bert(dev: torch.device, batch: int, seq: int) -> tuple[fx.GraphModule, tuple
     cannot follow it, so ``profile(model, ...)`` would export it on every call."""
     from transformers import BertConfig, BertModel
 
-    model = BertModel(BertConfig(num_hidden_layers=4, attn_implementation="eager")).to(dev).eval()
+    model = BertModel(BertConfig(num_hidden_layers=4)).to(dev).eval()
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=dev)
     return torch.export.export(model, (ids,), strict=False).module(), (ids,)
 
