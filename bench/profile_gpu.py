@@ -112,7 +112,7 @@ def check(name: str, gm: fx.GraphModule, inputs: tuple, results: dict, top: int 
     if name.startswith("mlp"):  # which kinds of raw events the profiler gave (diagnostics)
         kinds: dict[str, int] = {}
         for e in p.profiler.profiler.kineto_results.events():
-            key = f"{e.activity_type()}/{e.device_type()}"
+            key = f"{e.device_type()}/user={e.is_user_annotation()}/linked={e.linked_correlation_id() != 0}"
             kinds[key] = kinds.get(key, 0) + 1
         row["event_kinds"] = kinds
         row["kernels_attributed"] = sum(len(n.kernels) for n in p.nodes)

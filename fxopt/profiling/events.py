@@ -25,7 +25,26 @@ from torch.autograd import DeviceType
 
 NODE_PREFIX = "fxopt::"
 RUN_LABEL = "fxopt.run"
-_DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+# What sort of event it is, from methods every supported torch has (``activity_type()`` is
+# newer than torch 2.11). Kineto links a GPU activity and a CUDA runtime call to the CPU op
+# that launched it (``linked_correlation_id``); a CPU op itself links to nothing.
+def is_user_range(e: Any) -> bool:
+    """A ``record_function`` range on the CPU (a node's or a run's)."""
+    return e.device_type() == DeviceType.CPU and e.is_user_annotation()
+
+
+def is_cpu_op(e: Any) -> bool:
+    """An operator the CPU ran: not a user range, a runtime call or an allocator event."""
+    return (e.device_type() == DeviceType.CPU and not e.is_user_annotation()
+            and e.linked_correlation_id() == 0 and e.name() != "[memory]")
+
+
+def is_device_activity(e: Any) -> bool:
+    """A GPU kernel, memcpy or memset (not the GPU-side copy of a user range)."""
+    return (e.device_type() != DeviceType.CPU and not e.is_user_annotation()
+            and e.name() != "[memory]" and not e.name().startswith((NODE_PREFIX, RUN_LABEL)))
 
 
 @dataclass
@@ -63,16 +82,14 @@ def parse_runs(events: Sequence[Any], node_names: Sequence[str], device: str) ->
             per_run[i].append(e)
     # kernels run after their launch, possibly after the run range closed on the CPU: a GPU
     # event goes to the run of the CPU op that launched it
-    launchers = {e.correlation_id(): e for e in events
-                 if e.device_type() == DeviceType.CPU and e.linked_correlation_id() == 0
-                 and e.activity_type() == "cpu_op"}
+    launchers = {e.correlation_id(): e for e in events if is_cpu_op(e)}
     memory_device = DeviceType.CUDA if device.startswith("cuda") else DeviceType.CPU
     return [_one_run(run, evs, node_names, launchers, memory_device) for run, evs in zip(runs, per_run)]
 
 
 def _one_run(run: Any, events: list[Any], node_names: Sequence[str], launchers: dict[int, Any],
              memory_device: DeviceType) -> RunFigures:
-    ranges = [e for e in events if e.name().startswith(NODE_PREFIX) and e.activity_type() == "user_annotation"]
+    ranges = [e for e in events if e.name().startswith(NODE_PREFIX) and is_user_range(e)]
     known = set(node_names)
     ranges = [e for e in ranges if e.name()[len(NODE_PREFIX):] in known]
     starts = [e.start_ns() for e in ranges]
@@ -88,7 +105,7 @@ def _one_run(run: Any, events: list[Any], node_names: Sequence[str], launchers: 
     _top_level_ops(events, ranges, slot_of)
     first_kernel, last_kernel = None, None
     for e in events:
-        if e.device_type() == DeviceType.CPU or e.activity_type() not in _DEVICE_ACTIVITIES:
+        if not is_device_activity(e):
             continue
         launcher = launchers.get(e.linked_correlation_id())
         fig = slot(launcher.start_ns()) if launcher is not None else None
@@ -125,7 +142,7 @@ def _one_run(run: Any, events: list[Any], node_names: Sequence[str], launchers: 
 
 def _top_level_ops(events: list[Any], ranges: list[Any], slot_of: list[NodeFigures]) -> None:
     """Append to each node the names of the CPU ops directly inside its range."""
-    ops = [e for e in events if e.activity_type() == "cpu_op" and e.device_type() == DeviceType.CPU]
+    ops = [e for e in events if is_cpu_op(e)]
     i = 0
     for node_range, fig in zip(ranges, slot_of):
         end_of_open = -1

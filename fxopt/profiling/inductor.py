@@ -33,7 +33,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function
 
 from fxopt.errors import InputError
-from fxopt.profiling.events import RUN_LABEL
+from fxopt.profiling.events import RUN_LABEL, is_device_activity
 
 _ARTIFACT = "inductor_provenance_tracking_node_mappings"
 _TRACE_LOGGER = "torch.__trace"
@@ -200,7 +200,7 @@ def _measure(kernels: dict[str, list[tuple[int, list[str]]]], events: Sequence[A
     run_ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == RUN_LABEL]
     device_time: dict[int, float] = {}  # correlation id of the launching CPU op -> GPU seconds
     for e in events:
-        if e.device_type() != DeviceType.CPU and e.activity_type() in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if is_device_activity(e):
             corr = e.linked_correlation_id()
             device_time[corr] = device_time.get(corr, 0.0) + (e.end_ns() - e.start_ns()) * 1e-9
     found: dict[tuple[str, int], KernelProfile] = {}
@@ -224,7 +224,7 @@ def _measure(kernels: dict[str, list[tuple[int, list[str]]]], events: Sequence[A
         profile.time_s += cost
     if on_gpu:  # Triton kernels: GPU events under their own name
         for e in events:
-            if e.device_type() != DeviceType.CPU and e.activity_type() == "kernel" and e.name() in kernels:
+            if is_device_activity(e) and e.name() in kernels:
                 handle, nodes = kernels[e.name()][0]
                 profile = found.setdefault((e.name(), handle), KernelProfile(e.name(), nodes))
                 profile.calls += 1

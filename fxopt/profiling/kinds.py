@@ -39,6 +39,9 @@ def _overloads(packet: torch._ops.OpOverloadPacket) -> Iterable[torch._ops.OpOve
         yield getattr(packet, name)
 
 
+_REDUCTION_TAG = getattr(torch.Tag, "reduction", None)  # not in every supported torch
+
+
 @cache
 def op_kind(name: str) -> str:
     """The kind of one profiler op name (``"aten::addmm"``), one of :data:`KINDS`."""
@@ -59,7 +62,7 @@ def op_kind(name: str) -> str:
     if packet is None:
         return "other"
     overloads = list(_overloads(packet))
-    if any(torch.Tag.reduction in o.tags for o in overloads):
+    if _REDUCTION_TAG is not None and any(_REDUCTION_TAG in o.tags for o in overloads):
         return "reduction"
     if any(torch.Tag.pointwise in o.tags for o in overloads):
         return "pointwise"

@@ -214,3 +214,33 @@ def test_csv_rows():
 ])
 def test_op_kinds(name, kind):
     assert op_kind(name) == kind
+
+
+class _Torch211Event:
+    """A profiler event with only the methods torch 2.11's ``_KinetoEvent`` has (no
+    ``activity_type``, added later): the GPU machine runs torch 2.11."""
+
+    _API = {"name", "device_type", "start_ns", "end_ns", "duration_ns", "correlation_id",
+            "linked_correlation_id", "is_user_annotation", "is_async", "nbytes", "device_index"}
+
+    def __init__(self, event):
+        self._event = event
+
+    def __getattr__(self, attr):
+        if attr not in self._API:
+            raise AttributeError(f"torch 2.11's _KinetoEvent has no {attr!r}")
+        return getattr(self._event, attr)
+
+
+def test_events_are_read_with_the_methods_torch_2_11_has():
+    from fxopt.profiling.events import parse_runs
+
+    gm = fx.symbolic_trace(MLP(width=64, depth=2))
+    result = profile(gm, (torch.randn(4, 64),), warmup=0, repeat=2)
+    events = result.profiler.profiler.kineto_results.events()
+    names = [n.name for n in gm.graph.nodes]
+    narrow = parse_runs([_Torch211Event(e) for e in events], names, "cpu")
+    full = parse_runs(events, names, "cpu")
+    assert narrow == full
+    assert [n for n in names if full[0].nodes[n].ops][:1] == ["layers_0"]
+    assert "aten::linear" in full[0].nodes["layers_0"].ops
