@@ -12,6 +12,9 @@ from fxopt.errors import (
     AnalysisError,
     FxoptError,
     InputError,
+    MissingFakeImplError,
+    ModelTypeError,
+    NotAPassError,
     PassContractError,
     PassError,
     PassOptionError,
@@ -47,7 +50,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
-    "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
+    "InputError", "Instrumentation", "MissingFakeImplError", "ModelTypeError", "NotAPassError", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
     "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
     "VerifyEach", "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline",

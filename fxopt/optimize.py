@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fxopt.errors import InputError, TraceError
+from fxopt.errors import InputError, ModelTypeError, TraceError
 from fxopt.manager import REPORT_KEY, Instrumentation, PassManager
 from fxopt.pipeline import PassLike
 from fxopt.report import Report
@@ -97,7 +97,7 @@ def as_graph_module(model: Any) -> fx.GraphModule:
     if isinstance(model, torch.export.ExportedProgram):
         return model.module()
     if not isinstance(model, nn.Module):
-        raise TypeError(f"optimize takes an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}")
+        raise ModelTypeError(f"optimize takes an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}")
     try:
         return fx.symbolic_trace(model)
     except Exception as exc:

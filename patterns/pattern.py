@@ -19,6 +19,7 @@ import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.canon import CalledModule, Canon, canonicalize
 
+from fxopt.analysis.ops import mutated_inputs, output_aliases
 from fxopt.errors import PatternError
 from fxopt.graph_utils import upstream
 
@@ -163,4 +164,20 @@ def compile_replacement(fn: Callable, pattern: CompiledPattern) -> CompiledRepla
         raise PatternError(f"replacement {_signature(fn)} reads module attributes; pass tensors as arguments")
     holes = [n for n in graph.nodes if n.op == "placeholder"]
     body = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    _check_writes_only_its_own(fn, holes, body)
     return CompiledReplacement(fn, graph, holes, body, returned)
+
+
+def _check_writes_only_its_own(fn: Callable, holes: list[fx.Node], body: list[fx.Node]) -> None:
+    """A replacement's arguments are the caller's tensors (graph inputs, parameters, values
+    used after the match): writing one in place, or a view of one, changes the program."""
+    callers = set(holes)  # the arguments and every value that may share their storage
+    for node in body:
+        written = [w for w in mutated_inputs(node) if w in callers]
+        if written:
+            raise PatternError(
+                f"replacement {_signature(fn)} writes in place into {written[0].name!r} (at "
+                f"{node.name!r}), which is the caller's tensor or a view of one: the write would "
+                "be visible outside the match; write only into tensors the replacement creates")
+        if callers.intersection(output_aliases(node)):
+            callers.add(node)

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from fxopt.analysis.shapes import record_value
 from fxopt.errors import AnalysisError, PatternError
+from fxopt.graph_utils import drop_unused_attributes
 from fxopt.pass_protocol import Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
@@ -348,6 +349,8 @@ class RulePass(Pass):
             from fxopt.passes.cleanup import ConstantFold
 
             stats["constants_folded"] = ConstantFold().run(gm, ctx).stats.get("folded", 0)
+        if total:
+            drop_unused_attributes(gm)  # the replaced weights and modules nothing reads
         return PassResult(total > 0, stats)
 
 

@@ -350,6 +350,58 @@ def _focus(adjacency: dict[str, set[str]], seeds: set[str], hops: int, hub_degre
     return shown
 
 
+#: ``focus="auto"`` draws changes and this many hops of context above ``AUTO_FOCUS_NODES``
+AUTO_FOCUS_HOPS, AUTO_FOCUS_NODES = 2, 150
+
+
+@dataclass
+class DiffView:
+    """What a drawing of a diff shows: the union of both graphs, and the part drawn.
+
+    Keys are ``"a:name"`` (a node of the after graph) and ``"b:name"`` (a removed node).
+    ``hops`` is None when everything is drawn, else the context kept around the changes.
+    """
+
+    status: dict[str, str]
+    edges: list[tuple[str, str, str]]
+    adjacency: dict[str, set[str]]
+    hops: int | None
+    shown: set[str]
+
+    @property
+    def hidden(self) -> int:
+        """How many nodes the focus left out (unchanged regions collapsed)."""
+        return len(self.status) - len(self.shown)
+
+
+def diff_view(diff: GraphDiff, focus: int | str | None = "auto", hub_degree: int = 16) -> DiffView:
+    """Which nodes a drawing of ``diff`` with ``focus`` shows (see :func:`render_diff`)."""
+    b2a = {b: a for a, b in diff.pairs.items()}
+
+    def key_of_before(name: str) -> str:
+        return f"a:{b2a[name]}" if name in b2a else f"b:{name}"
+
+    edges: list[tuple[str, str, str]] = [(f"a:{s}", f"a:{d}", st) for (s, d), st in diff.edges.items()]
+    edges += [(key_of_before(s), key_of_before(d), REMOVED) for s, d in sorted(diff.removed_edges)]
+    status = {f"a:{n}": s for n, s in diff.after_status.items()}
+    status.update({f"b:{n}": REMOVED for n in diff.removed})
+    adjacency: dict[str, set[str]] = {k: set() for k in status}
+    for s, d, _ in edges:
+        adjacency[s].add(d)
+        adjacency[d].add(s)
+    if focus == "auto":
+        hops = AUTO_FOCUS_HOPS if len(status) > AUTO_FOCUS_NODES else None
+    else:
+        hops = None if focus is None else int(focus)
+    if hops is None:
+        shown = set(status)
+    else:
+        seeds = {k for k, s in status.items() if s != UNCHANGED}
+        seeds |= {end for s, d, st in edges if st == REWIRED for end in (s, d)}
+        shown = _focus(adjacency, seeds, hops, hub_degree)
+    return DiffView(status, edges, adjacency, hops, shown)
+
+
 def diff_to_dot(
     diff: GraphDiff,
     *,
@@ -366,26 +418,8 @@ def diff_to_dot(
     a_nodes = {n.name: n for n in diff.after.nodes}
     b_nodes = {n.name: n for n in diff.before.nodes}
     a2b = diff.pairs
-    b2a = {b: a for a, b in a2b.items()}
-
-    def key_of_before(name: str) -> str:
-        return f"a:{b2a[name]}" if name in b2a else f"b:{name}"
-
-    edges: list[tuple[str, str, str]] = [(f"a:{s}", f"a:{d}", st) for (s, d), st in diff.edges.items()]
-    edges += [(key_of_before(s), key_of_before(d), REMOVED) for s, d in sorted(diff.removed_edges)]
-    status = {f"a:{n}": s for n, s in diff.after_status.items()}
-    status.update({f"b:{n}": REMOVED for n in diff.removed})
-    adjacency: dict[str, set[str]] = {k: set() for k in status}
-    for s, d, _ in edges:
-        adjacency[s].add(d)
-        adjacency[d].add(s)
-    hops = (2 if len(status) > 150 else None) if focus == "auto" else focus
-    if hops is None:
-        shown = set(status)
-    else:
-        seeds = {k for k, s in status.items() if s != UNCHANGED}
-        seeds |= {end for s, d, st in edges if st == REWIRED for end in (s, d)}
-        shown = _focus(adjacency, seeds, int(hops), hub_degree)
+    view = diff_view(diff, focus, hub_degree)
+    status, edges, adjacency, hops, shown = view.status, view.edges, view.adjacency, view.hops, view.shown
 
     builder = DotBuilder(title, id_prefix, rankdir)
     if hops is not None:  # scattered changes: lay out each island on its own, then pack

@@ -112,12 +112,12 @@ def profile_section(profile: Any, figure: Figure, title: str = "profile", diff: 
 def profile_html(profile: Any, *, title: str = "fxopt profile", renderer: Any = None,
                  timeout: float | None = 120) -> str:
     """A self-contained page for one profile (heat maps, tables, memory curve)."""
-    from .report import _CSS, _Page  # the report's figure drawing and styles
+    from .report import _asset, _Page  # the report's figure drawing and styles
 
     host = _FigureHost(renderer, timeout)
     body = profile_section(profile, lambda dot, what: _Page.figure(host, dot, what), title)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n{body}\n</body></html>\n")
+            f"<title>{html.escape(title)}</title><style>{_asset('report.css')}</style></head><body>\n{body}\n</body></html>\n")
 
 
 class _FigureHost:

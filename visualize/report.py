@@ -3,9 +3,16 @@
 Per pass: its statistics and time, the diff of what it did as inline SVG, and the
 memory-plan chart when the pass produced a plan. The "after" of a changing pass is the
 "before" snapshot of the next changing pass, or the final graph. Everything is inlined
-(CSS, SVG; no script, no fonts or libraries from the network), so the file can be
-mailed or attached to a bug. A diff that cannot be drawn (no renderer, a renderer
-error) is shown as DOT text with the reason, never dropped and never fatal.
+(CSS, SVG, and the script: the vendored svg-pan-zoom and our glue, ``report.js``; no
+fonts or libraries from the network), so the file can be mailed or attached to a bug.
+A diff that cannot be drawn (no renderer, a renderer error) is shown as DOT text with
+the reason, never dropped and never fatal.
+
+Made for graphs of thousands of nodes: every drawing zooms and pans, a search box
+finds nodes by name or op, a diff of a large graph draws only the changes and their
+neighbourhood (``focus``), and a sidebar lists the passes with prev/next-change
+buttons. The page is a list of :class:`Section` s, one method of :class:`_Page` each:
+a new kind of section is one more method and one more line in :meth:`_Page.sections`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import html
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,7 @@ from fxopt.errors import RendererNotFoundError, RenderError
 from fxopt.optimize import report_of
 from fxopt.report import PassRecord, Report
 
-from .diff import GraphDiff, diff_graphs, diff_to_dot
+from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
 from .graph import to_dot
 from .labels import safe_repr
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
@@ -31,23 +40,37 @@ from .profile import profile_section
 from .renderer import find_renderer, run_renderer
 
 _SVG_START = re.compile(r"<svg\b")
+_SVG_HEIGHT = re.compile(r'<svg\b[^>]*?\sheight="([\d.]+)pt"')
+#: graphs up to this many nodes get a drawing of the final graph at the end of the page
+FINAL_GRAPH_NODES = 400
+#: the tallest a drawing's box starts (it zooms inside, and can be resized)
+MAX_FIGURE_PX = 720
 
-_CSS = """
-body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #111827; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin: 0; }
-.fx-summary { color: #374151; margin-bottom: 16px; }
-table.fx-passes { border-collapse: collapse; margin: 8px 0 24px; font-size: 13px; }
-table.fx-passes th, table.fx-passes td { border-bottom: 1px solid #e5e7eb; padding: 4px 10px; text-align: left; }
-table.fx-passes td.num { text-align: right; font-variant-numeric: tabular-nums; }
-section.fx-pass { border: 1px solid #e5e7eb; border-radius: 8px; padding: 12px 16px; margin: 14px 0; }
-section.fx-pass.fx-unchanged { color: #6b7280; }
-.fx-meta { font-size: 13px; margin: 6px 0; } .fx-meta b { color: #374151; }
-.fx-figure { overflow: auto; max-height: 900px; border-top: 1px dashed #e5e7eb; margin-top: 8px; padding-top: 8px; }
-.fx-figure svg { max-width: 100%; height: auto; }
-.fx-warning { background: #fef3c7; border: 1px solid #f59e0b; padding: 8px 12px; border-radius: 6px; }
-pre.fx-dot { font-size: 11px; background: #f9fafb; padding: 8px; overflow: auto; max-height: 300px; }
-.fx-depth-1 { margin-left: 24px; } .fx-depth-2 { margin-left: 48px; } .fx-depth-3 { margin-left: 72px; }
-"""
+
+def _asset(name: str) -> str:
+    """A file shipped in the package (see pyproject's package-data)."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _script(source: str) -> str:
+    """``source`` as an inline script: a ``</script`` inside would end the element early."""
+    return "<script>" + re.sub(r"</(script)", r"<\\/\1", source, flags=re.IGNORECASE) + "</script>"
+
+
+@dataclass
+class Section:
+    """One part of the page: its sidebar entry and its HTML, a ``<section id=anchor>``.
+
+    ``status`` ('changed', 'unchanged', 'skipped' or '') marks the sidebar entry (and is
+    a class of the section: prev/next-change stop at ``fx-changed`` ones); ``depth``
+    indents nested passes.
+    """
+
+    anchor: str
+    title: str
+    html: str
+    status: str = ""
+    depth: int = 0
 
 
 def _inline_svg(svg: str) -> str:
@@ -63,8 +86,9 @@ def _changing_leaves(report: Report) -> list[PassRecord]:
 class _Page:
     """Builds the page; remembers whether a renderer exists so it is looked up once."""
 
-    def __init__(self, gm: fx.GraphModule, report: Report, renderer: Any, focus: Any, timeout: float | None):
-        self.gm, self.report = gm, report
+    def __init__(self, gm: fx.GraphModule, report: Report, title: str, renderer: Any, focus: Any,
+                 timeout: float | None):
+        self.gm, self.report, self.title = gm, report, title
         self.renderer, self.focus, self.timeout = renderer, focus, timeout
         try:
             find_renderer(renderer)
@@ -72,14 +96,14 @@ class _Page:
         except RendererNotFoundError as exc:
             self.missing_renderer = str(exc)
         leaves = _changing_leaves(report)
-        self.after_of = {id(r): (r.after or (leaves[i + 1].before if i + 1 < len(leaves) else gm))
+        self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
 
     def figure(self, dot: str, what: str) -> str:
         if self.missing_renderer is None:
             try:
                 svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
-                return f'<div class="fx-figure">{_inline_svg(svg)}</div>'
+                return _zoomable(_inline_svg(svg))
             except RenderError as exc:
                 reason = str(exc)
         else:
@@ -88,12 +112,56 @@ class _Page:
                 f'drawn: {html.escape(reason)}. Its DOT text:</p>'
                 f'<pre class="fx-dot">{html.escape(dot)}</pre></div>')
 
-    def sections(self) -> Iterator[str]:
-        for index, (depth, record) in enumerate(self.report.walk()):
-            yield self.section(index, depth, record)
+    # --- the sections, in page order -------------------------------------------------------
 
-    def section(self, index: int, depth: int, r: PassRecord) -> str:
-        status = "skipped" if r.skipped else ("changed" if r.changed else "unchanged")
+    def sections(self) -> list[Section]:
+        return [self.overview(), *self.profile(), *self.passes(), *self.final_graph()]
+
+    def profile(self) -> list[Section]:
+        """``optimize(..., profile=True)``: the measured before/after, heat map, memory curve."""
+        diff = self.report.profile
+        if diff is None:
+            return []
+        return [Section("profile", "profile", profile_section(diff.after, self.figure,
+                                                              "profile after the passes", diff))]
+
+    def overview(self) -> Section:
+        """Title, totals, warnings and the table of passes."""
+        report = self.report
+        first = report.records[0].nodes_before if report.records else len(self.gm.graph.nodes)
+        summary = (f"{len(report.records)} passes, {report.total_seconds * 1e3:.1f} ms, "
+                   f"{first} → {len(self.gm.graph.nodes)} nodes"
+                   + (", verified after each pass" if report.verified else ""))
+        out = [f"<h1>{html.escape(self.title)}</h1>", f'<div class="fx-summary">{html.escape(summary)}</div>']
+        if self.missing_renderer:
+            out.append(f'<p class="fx-warning" id="no-renderer">Graphs are shown as DOT text: '
+                       f"{html.escape(self.missing_renderer)}</p>")
+        out += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
+        out.append(self.table())
+        return Section("overview", "overview", '<section id="overview">' + "\n".join(out) + "</section>")
+
+    def passes(self) -> Iterator[Section]:
+        """One section per pass (nested passes follow their parent)."""
+        for index, (depth, record) in enumerate(self.report.walk()):
+            status = "skipped" if record.skipped else ("changed" if record.changed else "unchanged")
+            yield Section(f"pass-{index}", f"{index + 1}. {record.name}",
+                          self.pass_section(index, depth, record, status), status, depth)
+
+    def final_graph(self) -> list[Section]:
+        """The optimized graph, folded away; or, for a big graph, how to draw it."""
+        nodes = len(self.gm.graph.nodes)
+        if nodes > FINAL_GRAPH_NODES:
+            text = (f'<p class="fx-note">The final graph has {nodes} nodes, too many to draw here; '
+                    "draw it with <code>fxopt.visualize.render(gm, 'final.svg', collapse_depth=1)</code>."
+                    "</p>")
+        else:
+            text = ('<details id="final-graph"><summary>final graph</summary>'
+                    + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph") + "</details>")
+        return [Section("final", "final graph", f'<section id="final">{text}</section>')]
+
+    # --- the parts of a pass section -------------------------------------------------------
+
+    def pass_section(self, index: int, depth: int, r: PassRecord, status: str) -> str:
         out = [f'<section class="fx-pass fx-{status} fx-depth-{min(depth, 3)}" id="pass-{index}" '
                f'data-pass="{html.escape(r.name)}">',
                f"<h2>{index + 1}. {html.escape(r.name)} <small>({status})</small></h2>",
@@ -125,8 +193,15 @@ class _Page:
         return "\n".join(out)
 
     def diff_figure(self, diff: GraphDiff, index: int) -> str:
+        view = diff_view(diff, self.focus)
+        note = ""
+        if view.hidden:
+            note = (f'<p class="fx-note fx-collapsed-note">Unchanged regions collapsed: drawn are the '
+                    f"changes and {view.hops} hops around them, {len(view.shown)} of "
+                    f"{len(view.status)} nodes (<code>write_report(gm, path, focus=None)</code> "
+                    "draws them all).</p>")
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
-        return self.figure(dot, "diff")
+        return note + self.figure(dot, "diff")
 
     def table(self) -> str:
         rows = []
@@ -138,44 +213,56 @@ class _Page:
         return ('<table class="fx-passes"><thead><tr><th>pass</th><th>ms</th><th>nodes before</th>'
                 "<th>nodes after</th><th>changed</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
-    def page(self, title: str) -> str:
-        report = self.report
-        first = report.records[0].nodes_before if report.records else len(self.gm.graph.nodes)
-        summary = (f"{len(report.records)} passes, {report.total_seconds * 1e3:.1f} ms, "
-                   f"{first} → {len(self.gm.graph.nodes)} nodes"
-                   + (", verified after each pass" if report.verified else ""))
-        head = [f"<h1>{html.escape(title)}</h1>", f'<div class="fx-summary">{html.escape(summary)}</div>']
-        if self.missing_renderer:
-            head.append(f'<p class="fx-warning" id="no-renderer">Graphs are shown as DOT text: '
-                        f"{html.escape(self.missing_renderer)}</p>")
-        head += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
-        if report.profile is not None:  # optimize(..., profile=True): the measured before/after
-            head.append(profile_section(report.profile.after, self.figure, "profile after the passes",
-                                        report.profile))
-        final = ""
-        if len(self.gm.graph.nodes) <= 400:
-            final = ('<details id="final-graph"><summary>final graph</summary>'
-                     + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph") + "</details>")
+    # --- the page ----------------------------------------------------------------------------
+
+    def page(self) -> str:
+        sections = self.sections()
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
-                + "\n".join(head) + self.table() + "\n".join(self.sections()) + final
+                f"<title>{html.escape(self.title)}</title><style>{_asset('report.css')}</style></head>"
+                f'<body>\n<div id="fx-layout">{_sidebar(sections)}<main>\n'
+                + "\n".join(s.html for s in sections) + "\n</main></div>\n"
+                + _script(_asset("vendor/svg-pan-zoom.min.js")) + "\n" + _script(_asset("report.js"))
                 + "\n</body></html>\n")
 
 
+def _zoomable(svg: str) -> str:
+    """An inline SVG in a box that svg-pan-zoom drives, as tall as the drawing up to a limit."""
+    match = _SVG_HEIGHT.search(svg)
+    height = min(float(match.group(1)) * 4 / 3 + 8, MAX_FIGURE_PX) if match else MAX_FIGURE_PX
+    return f'<div class="fx-figure fx-zoom" style="height: {max(height, 120):.0f}px">{svg}</div>'
+
+
+def _sidebar(sections: list[Section]) -> str:
+    """Search box, prev/next-change buttons, and one entry per section."""
+    items = "".join(f'<li class="fx-{s.status or "part"} fx-depth-{min(s.depth, 3)}">'
+                    f'<a href="#{s.anchor}" title="{html.escape(s.title)}">{html.escape(s.title)}</a></li>'
+                    for s in sections)
+    return ('<nav id="fx-toc"><input id="fx-search" type="search" placeholder="find a node: name or op" '
+            'autocomplete="off" aria-label="find a node by name or op"><span id="fx-search-count"></span>'
+            '<div class="fx-buttons"><button id="fx-prev" type="button" title="previous pass that changed '
+            'the graph (p)">◀ prev change</button><button id="fx-next" type="button" title="next pass '
+            'that changed the graph (n)">next change ▶</button></div>'
+            f"<ol>{items}</ol>"
+            '<div class="fx-keys">Drag to pan, wheel to zoom. Keys: / search, Enter next match, '
+            "n / p next / previous change.</div></nav>")
+
+
 def report_html(gm: fx.GraphModule, *, title: str | None = None, renderer: str | os.PathLike | None = None,
-                focus: int | str | None = 2, timeout: float | None = 120) -> str:
+                focus: int | str | None = "auto", timeout: float | None = 120) -> str:
     """The HTML report of the fxopt run that produced ``gm`` (see :func:`write_report`)."""
     report = report_of(gm)
-    title = title or "fxopt report"
-    return _Page(gm, report, renderer, focus, timeout).page(title)
+    return _Page(gm, report, title or "fxopt report", renderer, focus, timeout).page()
 
 
 def write_report(gm: fx.GraphModule, path: str | os.PathLike, **options: Any) -> Path:
     """Write the per-pass HTML report of the run that produced ``gm`` to ``path``.
 
     ``gm`` is what ``fxopt.optimize`` returned (the report is ``fxopt.report_of(gm)``).
-    Options: ``title``, ``renderer``, ``focus`` (of each diff; see ``render_diff``),
-    ``timeout`` (seconds per drawing). Without a renderer the page still gets written,
+    Options: ``title``, ``renderer``, ``focus`` (of each diff, see ``render_diff``: the
+    default ``"auto"`` collapses the unchanged regions of graphs above 150 nodes, ``None``
+    draws everything, ``k`` keeps k hops around the changes), ``timeout`` (seconds per
+    drawing). The page zooms and pans, searches nodes, and navigates pass by pass
+    (docs/report.md). Without a renderer the page still gets written,
     with DOT text in place of pictures and a note saying how to get one.
     """
     path = Path(path)

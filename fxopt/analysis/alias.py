@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from fxopt.analysis.manager import register_analysis
 from fxopt.analysis.ops import mutated_inputs, unseen_aliases
+from fxopt.analysis.shapes import call_module_on_copies
 
 
 def storages_of(value: Any) -> set[StorageWeakRef]:
@@ -130,6 +131,9 @@ class _SavedTensorRecorder(fx.Interpreter):
             if owner is not None:
                 self.saved.setdefault(owner, set()).add(node)
         return result
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._trainable)
 
     def _trainable(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):

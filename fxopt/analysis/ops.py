@@ -73,11 +73,14 @@ class OpFacts:
     collective: bool = False
     #: arguments whose storage the result may share
     aliases: tuple[int | str, ...] = ()
+    #: updates state that outlives the call and is no argument of it (a module's own
+    #: buffers: an observer's range)
+    stateful: bool = False
 
     def __post_init__(self) -> None:
-        if self.pure and (self.writes or self.random or self.collective):
-            raise ValueError("an op declared pure cannot also write, draw random numbers "
-                             "or be a collective")
+        if self.pure and (self.writes or self.random or self.collective or self.stateful):
+            raise ValueError("an op declared pure cannot also write, draw random numbers, "
+                             "update state or be a collective")
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ _DECLARED: dict[Any, OpFacts] = {}
 
 def declare_op(target: Any = None, *, pure: bool = False, writes: Sequence[int | str] = (),
                random: bool = False, collective: bool = False,
-               aliases: Sequence[int | str] = ()) -> Any:
+               aliases: Sequence[int | str] = (), stateful: bool = False) -> Any:
     """Tell fxopt what a function, custom op or module type does.
 
     Without a declaration fxopt treats such a call as effectful: it is never removed,
@@ -133,12 +136,16 @@ def declare_op(target: Any = None, *, pure: bool = False, writes: Sequence[int |
 
         torch.fx.wrap("scaled")  # keep it as one node when tracing
 
+    ``stateful=True``: it updates state of its own that is no argument of the call (a
+    module's buffers, as an observer's range): never removed, merged or moved, but not
+    otherwise unknown.
+
     ``target`` may be a Python callable, an ``OpOverload``, an ``OpOverloadPacket`` (all
     overloads), a qualified op name (``"mylib::op"``) or an ``nn.Module`` subclass. Used
     without ``target`` it is a decorator. Returns ``target``.
     """
     op_facts = OpFacts(pure=pure, writes=tuple(writes), random=random, collective=collective,
-                       aliases=tuple(aliases))
+                       aliases=tuple(aliases), stateful=stateful)
 
     def register(obj: Any) -> Any:
         key = _declaration_key(obj)
@@ -611,9 +618,9 @@ def _apply(op: OpFacts, bound: dict[str, Any] | None, args: tuple, kwargs: dict,
         return NodeFacts(aliases=_nodes_in(_positions(op.aliases, bound, args, kwargs)))
     return NodeFacts(
         writes=_nodes_in(_positions(op.writes, bound, args, kwargs)),
-        random=op.random, collective=op.collective,
+        random=op.random, collective=op.collective, stateful=op.stateful,
         aliases=_nodes_in(_positions(op.aliases, bound, args, kwargs)),
-        unknown=not (op.writes or op.random or op.collective),
+        unknown=not (op.writes or op.random or op.collective or op.stateful),
         reason=what)
 
 

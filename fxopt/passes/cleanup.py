@@ -15,9 +15,15 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.ops import is_pure, is_random, mutated_inputs
+from fxopt.analysis.ops import is_barrier, is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
-from fxopt.graph_utils import downstream, fetch_attr, fresh_attr_name, upstream
+from fxopt.graph_utils import (
+    downstream,
+    drop_unused_attributes,
+    fetch_attr,
+    fresh_attr_name,
+    upstream,
+)
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import PROVENANCE_KEY, origins, record_replacement
 from fxopt.registry import register_pass
@@ -69,7 +75,12 @@ def _hashable(value: Any) -> Any:
 
 @register_pass
 class CommonSubexpressionElimination(Pass):
-    """Merge identical pure computations; never random ops or ones across an in-place write."""
+    """Merge identical pure computations; never random ops, and never across a barrier.
+
+    Merging moves the later computation up to the earlier one, so it obeys the same rule
+    as any move: no write, collective, unknown op (Dynamo's ``_set_grad_enabled``: the
+    twins run under different grad modes) or stateful op may lie between the twins.
+    """
 
     name = "cse"
     preserves = ("shapes",)
@@ -79,8 +90,9 @@ class CommonSubexpressionElimination(Pass):
         merged = 0
         written = _possibly_written(gm, ctx)
         for node in list(gm.graph.nodes):
-            if mutated_inputs(node):
-                # a write may change what any earlier expression would compute now
+            if is_barrier(node):
+                # a write may change what an earlier expression would compute now; an
+                # unknown op may change the mode it runs in
                 seen.clear()
                 continue
             if node.op not in ("call_function", "call_method", "call_module", "get_attr") or not is_pure(node):
@@ -117,7 +129,8 @@ def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
 
 @register_pass
 class ConstantFold(Pass):
-    """Evaluate subgraphs that depend only on parameters and constants, storing buffers."""
+    """Evaluate subgraphs that depend only on parameters and constants, storing buffers;
+    the get_attr nodes and attributes nothing reads any more are dropped."""
 
     name = "constant_fold"
     inference_only = True  # parameters become constants: gradients no longer reach them
@@ -158,7 +171,9 @@ class ConstantFold(Pass):
         for node in reversed(gm.graph.nodes):
             if node in constant and not node.users and node.op != "get_attr":
                 gm.graph.erase_node(node)
-        return PassResult(folded > 0, {"folded": folded, "too_large": too_large})
+        dropped = drop_unused_attributes(gm)  # the folded-away weights: not carried twice
+        return PassResult(folded > 0 or bool(dropped),
+                          {"folded": folded, "too_large": too_large, "dropped": len(dropped)})
 
     @staticmethod
     def _is_constant_source(gm: fx.GraphModule, node: fx.Node) -> bool:

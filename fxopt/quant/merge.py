@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxopt.graph_utils import fetch_attr, fresh_attr_name
+from fxopt.graph_utils import drop_unused_attributes, fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.quant.ops import ops
@@ -81,22 +81,21 @@ class MergeSiblingLinears(Pass):
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         merged = 0
-        replaced: set[str] = set()
         for group in sibling_groups(gm):
             for start in range(0, len(group), self.options["max_group"]):
                 chunk = group[start:start + self.options["max_group"]]
                 if len(chunk) > 1:
-                    replaced |= _merge(gm, chunk, self.name)
+                    _merge(gm, chunk, self.name)
                     merged += len(chunk)
-        _drop_unused_constants(gm, replaced)
+        if merged:
+            drop_unused_attributes(gm)  # the per-linear weights: not carried twice
         return PassResult(merged > 0, {"merged_linears": merged})
 
 
-def _merge(gm: fx.GraphModule, group: list[fx.Node], pass_name: str) -> set[str]:
-    """Replace ``group`` by one op; return the targets of the constants it no longer reads."""
+def _merge(gm: fx.GraphModule, group: list[fx.Node], pass_name: str) -> None:
+    """Replace ``group`` by one op."""
     first = group[0]
     w_i, s_i, b_i = MERGEABLE[first.target]
-    old = {n.args[i].target for n in group for i in (w_i, s_i, b_i) if n.args[i] is not None}
     weights = [fetch_attr(gm, n.args[w_i].target) for n in group]
     scales = [fetch_attr(gm, n.args[s_i].target) for n in group]
     biases = [fetch_attr(gm, n.args[b_i].target) if n.args[b_i] is not None else None for n in group]
@@ -127,27 +126,12 @@ def _merge(gm: fx.GraphModule, group: list[fx.Node], pass_name: str) -> set[str]
         record_replacement(part, [node], pass_name)
         node.replace_all_uses_with(part)
         graph.erase_node(node)
-    return old
 
 
 def _constant_node(gm: fx.GraphModule, name: str, value: torch.Tensor) -> fx.Node:
     name = fresh_attr_name(gm, name)
     gm.register_buffer(name, value)
     return gm.graph.get_attr(name)
-
-
-def _drop_unused_constants(gm: fx.GraphModule, targets: set[str]) -> None:
-    """Remove the now-unused get_attr nodes of ``targets`` and the buffers of ``gm`` that
-    nothing reads any more, so the model does not carry each weight twice (a constant
-    also read elsewhere, e.g. a shared weight, stays)."""
-    for node in list(gm.graph.nodes):
-        if node.op == "get_attr" and node.target in targets and not node.users:
-            gm.graph.erase_node(node)
-    still_read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    own = dict(gm.named_buffers(recurse=False))
-    for name in sorted(targets - still_read):
-        if name in own:
-            delattr(gm, name)
 
 
 _MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)

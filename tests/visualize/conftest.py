@@ -1,6 +1,9 @@
 """Fixtures for the visualize tests: the Graphviz renderer and a headless Chromium.
 
-Chromium is found, or installed with apt-get on CI.
+Chromium is found, or installed with apt-get on CI. The interactive report tests drive
+it through playwright (the [test] extra): they use playwright's own browser (``playwright
+install chromium``, never run for you) or else a system Chromium, found or installed as
+below, and skip, saying so, when there is neither.
 
 CI runs as root on a fresh Debian machine, so the set-up installs Debian's ``chromium``
 package once (under a file lock: two xdist workers may ask at the same time). Elsewhere
@@ -32,13 +35,14 @@ def _which() -> str | None:
     return next(filter(None, map(shutil.which, CANDIDATES)), None)
 
 
-def find_or_install_chromium() -> str:
-    """The path of a chromium binary; installs Debian's package when root and missing."""
+def find_or_install_chromium(why: str = "headless Chromium is not installed") -> str:
+    """The path of a chromium binary; installs Debian's package when root and missing,
+    else skips the test, giving ``why`` and how to install one."""
     found = _which()
     if found:
         return found
     if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
+        pytest.skip(f"{why} (Debian: apt-get install chromium)")
     with open(os.path.join(tempfile.gettempdir(), "fxopt-chromium-install.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = _which()  # another worker may have installed it while we waited
@@ -108,3 +112,21 @@ def renderer() -> str:
     from fxopt.visualize import find_renderer
 
     return find_renderer()
+
+
+@pytest.fixture(scope="session")
+def playwright_browser():
+    """A headless Chromium driven by playwright: its own build, else a system Chromium
+    (installed with apt-get when root, as on CI, like the ``chromium`` fixture's)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                   "(it comes with the [test] extra)")
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch()
+        except sync_api.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            system = find_or_install_chromium(f"no browser for playwright ({first}): run "
+                                              "`.venv/bin/playwright install chromium`, or install Chromium")
+            browser = p.chromium.launch(executable_path=system)
+        yield browser
+        browser.close()
