@@ -9,7 +9,7 @@ first warm-up run, one counter per node.
 Side effects. Each run is one eager call of the graph: a train-mode BatchNorm advances
 its running statistics, a dropout draws random numbers. ``profile`` undoes all of that
 when it is done: parameters and buffers written in place are copied back from a snapshot
-(the one the pass manager takes, :class:`fxopt.snapshot.TensorBackup`), inputs written in
+(the pass manager's :class:`fxopt.snapshot.TensorGuard`), inputs written in
 place are restored before every run (so each run sees the same inputs), and the global
 RNG state is forked. The caller's module, inputs and RNG end as they were.
 """
@@ -33,7 +33,7 @@ from fxopt.profiling.events import NODE_PREFIX, RUN_LABEL, parse_runs
 from fxopt.profiling.kinds import node_kind
 from fxopt.profiling.memory import arena_bytes, predicted_live_bytes
 from fxopt.profiling.result import NodeProfile, Profile, share_of
-from fxopt.snapshot import ModuleState, TensorBackup
+from fxopt.snapshot import TensorGuard
 from fxopt.snapshot import _tensors as module_tensors
 
 
@@ -63,9 +63,7 @@ class _StateGuard:
     """Puts parameters, buffers and inputs back as they were (see the module docstring)."""
 
     def __init__(self, gm: fx.GraphModule, inputs: tuple[Any, ...], backup_limit: int):
-        self.gm = gm
-        self.state = ModuleState(gm)
-        self.backup = TensorBackup(gm, backup_limit)
+        self.tensors = TensorGuard(gm, backup_limit)
         self.inputs = [(t, t._version, t.detach().clone()) for t in inputs
                        if isinstance(t, torch.Tensor) and not t.is_inference()]
         self.warnings: list[str] = []
@@ -78,17 +76,11 @@ class _StateGuard:
 
     def restore(self) -> None:
         self.restore_inputs()
-        # compared by value: batch norm updates its running statistics without bumping
-        # their version counters, so versions alone would miss them
-        changed = [(name, t) for name, t in module_tensors(self.gm)
-                   if id(t) in self.backup.copies and not torch.equal(t, self.backup.copies[id(t)])]
-        if changed:
-            self.backup.restore(changed)
-        mutated = self.state.mutated_tensors()
-        if mutated and not self.backup.enabled:
+        changed = self.tensors.changed()
+        if changed and not self.tensors.restore():
             self.warnings.append(
-                f"the graph writes {', '.join(n for n, _ in mutated)} in place; the module was too "
-                "large to snapshot (backup_limit), so they hold the values of the last profiled run")
+                f"the graph writes {', '.join(changed)} in place; the module was too large to "
+                "snapshot (backup_limit), so they hold the values of the last profiled run")
 
 
 def profile(
