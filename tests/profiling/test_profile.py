@@ -58,14 +58,18 @@ def test_node_times_add_up_to_the_end_to_end_time():
     gm = fx.symbolic_trace(MLP().eval())
     x = torch.randn(256, 768)
     with torch.no_grad():
-        result = profile(gm, (x,), warmup=2, repeat=5)
+        results = [profile(gm, (x,), warmup=1, repeat=3) for _ in range(3)]
+    result = results[0]
     # within the profiled runs the node ranges cover the run: nothing is unaccounted for
     assert 0.9 * result.total_s <= result.node_time_s <= result.total_s
     # and the plain generated code, timed separately, takes about as long. This box is two
-    # cores shared by many jobs: identical runs of this model measured 22 to 258 ms, so the
-    # bound only catches gross accounting errors (a run counted 5 times, a missing division);
-    # the 10 % figure is measured by bench/profile_gpu.py on a quiet machine
-    assert result.eager_s / 3 <= result.node_time_s <= 3 * result.eager_s
+    # cores shared by many jobs (identical runs of this model measured 8 to 258 ms), so the
+    # fastest of three profiles is compared with the fastest plain timing, and the bound
+    # only catches gross accounting errors (a run counted 3 times, a missing division); the
+    # 10 % figure is measured by bench/profile_gpu.py
+    node_s = min(r.node_time_s for r in results)
+    eager_s = min(r.eager_s for r in results)
+    assert eager_s / 3 <= node_s <= 3 * eager_s
     assert sum(n.share for n in result.nodes) == pytest.approx(1.0)
     layers = [n for n in result.nodes if n.kind == "matmul"]
     assert len(layers) == 4 and sum(n.share for n in layers) > 0.5
