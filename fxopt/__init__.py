@@ -19,6 +19,7 @@ from fxopt.errors import (
     PassError,
     PassOptionError,
     PipelineError,
+    ProfileError,
     TraceError,
     UnknownPassError,
     VerificationError,
@@ -40,6 +41,10 @@ def __getattr__(name: str):
         from fxopt.backend import compile
 
         return compile
+    if name in ("profile", "profile_compiled", "Profile"):  # torch.profiler: loaded on use
+        import fxopt.profiling
+
+        return getattr(fxopt.profiling, name)
     raise AttributeError(f"module 'fxopt' has no attribute {name!r}")
 
 
@@ -47,7 +52,8 @@ __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
     "InputError", "Instrumentation", "MissingFakeImplError", "ModelTypeError", "NotAPassError", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
-    "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
-    "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
+    "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
+    "VerifyEach", "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline",
+    "profile", "profile_compiled", "record_replacement",
     "register_pass", "registered_passes", "report_of",
 ]

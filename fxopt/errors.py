@@ -153,3 +153,13 @@ class RuleError(FxoptError, RuntimeError):
     def __init__(self, rule: str, message: str):
         self.rule = rule
         super().__init__(f"rule {rule!r}: {message}")
+
+
+class ProfileError(FxoptError, RuntimeError):
+    """A graph could not be profiled: it raised at ``node`` on the given inputs.
+    The module's parameters, buffers and the inputs are left as they were."""
+
+    def __init__(self, message: str, node: str | None = None):
+        self.node = node
+        where = f" at node {node!r}" if node else ""
+        super().__init__(f"profiling failed{where}: {message}")

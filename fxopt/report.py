@@ -44,6 +44,8 @@ class Report:
     records: list[PassRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     verified: bool = False
+    #: the measured before/after (a ProfileDiff) when optimize ran with profile=True
+    profile: Any = None
 
     def walk(self) -> Iterator[tuple[int, PassRecord]]:
         for record in self.records:

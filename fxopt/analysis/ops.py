@@ -392,6 +392,10 @@ def _registered_effect(op: torch._ops.OpOverload) -> bool:
         return True
 
 
+# out= overloads write an argument; torch 2.11 has no Tag.out (they are named out*)
+_OUT_TAG = getattr(torch.Tag, "out", None)
+
+
 @cache
 def _aten_packet_facts(name: str) -> OpFacts | None:
     """Facts of ``aten::name`` across its overloads, ``out=`` variants aside (a call with
@@ -403,7 +407,7 @@ def _aten_packet_facts(name: str) -> OpFacts | None:
     found: list[OpFacts] = []
     for overload_name in packet.overloads():
         op = getattr(packet, overload_name)
-        if torch.Tag.out in getattr(op, "tags", ()) or overload_name.startswith("out"):
+        if _OUT_TAG in getattr(op, "tags", ()) or overload_name.startswith("out"):
             continue
         f = _overload_facts(op)
         if f is None:
