@@ -9,7 +9,6 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxopt.errors import PatternError
 from fxopt.testing import assert_equivalent
 
 
