@@ -133,7 +133,11 @@ class _SavedTensorRecorder(fx.Interpreter):
         return result
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._trainable)
+        # parameters are trained; buffers (running statistics) never carry gradients
+        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._trainable, self._fake)
+
+    def _fake(self, x: torch.Tensor) -> torch.Tensor:
+        return x if isinstance(x, FakeTensor) else self.mode.from_tensor(x, static_shapes=True)
 
     def _trainable(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):

@@ -55,15 +55,18 @@ class _FakePropagator(fx.Interpreter):
 
 
 def call_module_on_copies(module: torch.nn.Module, args: Any, kwargs: Any,
-                          convert: Callable[[Any], Any]) -> Any:
-    """Call ``module`` on ``convert``'ed copies of its parameters and buffers.
+                          parameter: Callable[[Any], Any],
+                          buffer: Callable[[Any], Any] | None = None) -> Any:
+    """Call ``module`` on copies of its parameters and buffers, made by ``parameter`` and
+    ``buffer`` (default: ``parameter``).
 
     Analyses run the graph to learn about it; a training-mode batch norm run on its real
     state would write it (``num_batches_tracked.add_(1)``, running statistics), and the
     user's model would change because fxopt looked at it.
     """
-    state = {name: convert(t) for name, t in
-             [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]}
+    buffer = buffer or parameter
+    state = {name: parameter(t) for name, t in module.named_parameters(remove_duplicate=False)}
+    state |= {name: buffer(t) for name, t in module.named_buffers(remove_duplicate=False)}
     return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
 
 
