@@ -1,7 +1,7 @@
 """Scaling of the add+ReLU rewrite: fxopt.patterns vs torch.fx replace_pattern vs a hand loop.
 
-Graphs of 2k, 8k and 20k nodes, two shapes: a *chain* (x = relu(x + y_i)) and a
-*ladder* (two chains that feed each other: a = relu(a + b); b = relu(b + a)). All three
+Graphs of 4k and 20k nodes (``--sizes`` for others), two shapes: a *chain*
+(x = relu(x + y_i)) and a *ladder* (two chains that feed each other: a = relu(a + b); b = relu(b + a)). All three
 methods run on fresh copies of the same graph, side by side in one run, and every result
 is checked to compute the same function. ``replace_pattern`` is quadratic (one graph
 walk per match in its cycle check), so it runs under a time cap and an over-cap run is
@@ -10,7 +10,7 @@ rules (49 that never fire, a third of them anchored at ReLU too) against the one
 Times are CPU seconds of this process (``time.process_time``, best of ``--repeat``), so a
 busy shared machine inflates them less; each includes ``gm.recompile()``.
 
-    .venv/bin/python bench/rewrite_scaling.py [--sizes 2000,8000,20000] [--cap 120]
+    .venv/bin/python bench/rewrite_scaling.py [--sizes 4000,20000] [--cap 120]
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _swap_rule(act, op) -> fp.Rule:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="2000,8000,20000")
+    parser.add_argument("--sizes", default="4000,20000")
     parser.add_argument("--cap", type=float, default=120.0, help="seconds allowed to replace_pattern")
     parser.add_argument("--repeat", type=int, default=3, help="best of N for fxopt and the hand loop")
     args = parser.parse_args()

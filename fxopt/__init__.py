@@ -12,10 +12,14 @@ from fxopt.errors import (
     AnalysisError,
     FxoptError,
     InputError,
+    MissingFakeImplError,
+    ModelTypeError,
+    NotAPassError,
     PassContractError,
     PassError,
     PassOptionError,
     PipelineError,
+    ProfileError,
     TraceError,
     UnknownPassError,
     VerificationError,
@@ -37,14 +41,19 @@ def __getattr__(name: str):
         from fxopt.backend import compile
 
         return compile
+    if name in ("profile", "profile_compiled", "Profile"):  # torch.profiler: loaded on use
+        import fxopt.profiling
+
+        return getattr(fxopt.profiling, name)
     raise AttributeError(f"module 'fxopt' has no attribute {name!r}")
 
 
 __all__ = [
     "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
-    "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
+    "InputError", "Instrumentation", "MissingFakeImplError", "ModelTypeError", "NotAPassError", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
-    "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
-    "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
+    "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
+    "VerifyEach", "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline",
+    "profile", "profile_compiled", "record_replacement",
     "register_pass", "registered_passes", "report_of",
 ]

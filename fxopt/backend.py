@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -45,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from fxopt.analysis.alias import storages_of
 from fxopt.analysis.ops import mutated_inputs
@@ -53,10 +53,10 @@ from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
-from fxopt.pass_protocol import FunctionPass, Pass
+from fxopt.pass_protocol import FunctionPass, Pass, PassResult
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
-from fxopt.report import PassRecord, Report
+from fxopt.report import Report
 from fxopt.snapshot import GraphSnapshot
 
 try:  # torch >= 2.6; the import path has been stable since
@@ -226,23 +226,24 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
     training = is_training(example_inputs)
     name = str(gm.meta.get("dynamo_compile_id", type(gm).__name__))
     try:
-        work, keep, freeze_record = _frozen_copy(
-            gm, example_inputs, None if opts.freeze and not training else
-            "training graph: parameters stay inputs" if training else "freeze=False")
+        work = _work_copy(gm)
+        # a run of its own: verification needs the inputs the frozen graph still takes
+        freezing = PassManager([FreezeParameters(example_inputs)] if opts.freeze else []).run(
+            work, training=training).records
+        frozen = [name for r in freezing for name in r.stats.get("frozen", [])]
+        keep = next((r.stats["inputs_kept"] for r in freezing if r.changed), list(range(len(example_inputs))))
         hooks = [VerifyEach(work, [example_inputs[i] for i in keep])] if opts.verify else []
         passes = resolve(opts.pipeline("passes") or [])
-        constant = freeze_record.changed or _traced_frozen(work, training, opts)
+        constant = bool(frozen) or _traced_frozen(work, training, opts)
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
-        report = PassManager(passes, hooks=hooks).run(
-            work, training=training, settings={"backend": "fxopt", "level": "torch"})
-        report.records.insert(0, freeze_record)
+        report = PassManager(passes, hooks=hooks).run(work, training=training)
+        report.records[:0] = freezing
         _sync_dynamo_metadata(work)
     except Exception as exc:
         if opts.strict:
             raise
         return _fallback(gm, example_inputs, opts, training, name, exc)
-    frozen = freeze_record.stats.get("frozen", [])
     record = CompiledGraph(name, training, frozen, report, work.code)
     if opts.reports is not None:
         opts.reports.append(record)
@@ -299,51 +300,59 @@ def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Ca
 
 # --- freezing ------------------------------------------------------------------------
 
-def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str | None
-                 ) -> tuple[fx.GraphModule, list[int], PassRecord]:
-    """A copy of ``gm`` whose unwritten parameter/buffer inputs are constants (unless
-    ``skip_reason`` says why not).
-
-    Returns the copy, the indices of the inputs it still takes, and a report record. The
-    copy shares tensors with the user's model (the constants are those very tensors), and
-    ``gm`` itself is untouched so that a failure can fall back to it.
-    """
+def _work_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm``'s graph over the same module (so the same tensors), with Dynamo's
+    example values as ``meta['val']``; ``gm`` itself stays untouched for a fallback."""
     graph = copy.deepcopy(gm.graph)
     work = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     work.meta = dict(gm.meta)
-    placeholders = list(graph.find_nodes(op="placeholder"))
-    for old, new in zip(gm.graph.find_nodes(op="placeholder"), placeholders):
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
     for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]
     work.meta[VALUES_CURRENT] = True  # Dynamo's own example values: no need to propagate again
-    record = PassRecord("freeze_parameters", nodes_before=len(graph.nodes))
-    start = time.perf_counter()
-    keep = list(range(len(example_inputs)))
-    if skip_reason is not None:
-        record.skipped = skip_reason
-        record.nodes_after = record.nodes_before
-        return work, keep, record
-    written = _written_storages(graph)
-    frozen: list[str] = []
-    if written is None:
-        record.warnings.append("a written tensor has no fake value: nothing frozen")
-    else:
+    return work
+
+
+class FreezeParameters(Pass):
+    """Turn the parameter/buffer inputs the graph never writes into constants.
+
+    The constants are the user's tensors themselves (``get_attr`` of the very tensor;
+    parameters stay Parameters). ``stats['inputs_kept']`` lists the indices of the inputs
+    the graph still takes, ``stats['frozen']`` the placeholders that became constants.
+    """
+
+    name = "freeze_parameters"
+    inference_only = True  # a trained graph needs its parameters as inputs
+
+    def __init__(self, example_inputs: Sequence[Any]):
+        super().__init__()
+        self.example_inputs = list(example_inputs)
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        graph = gm.graph
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        keep = list(range(len(self.example_inputs)))
+        written = _written_storages(graph)
+        if written is None:
+            return PassResult(False, {"frozen": [], "inputs_kept": keep,
+                                      "not frozen": "a written tensor has no fake value"})
+        frozen: list[str] = []
         anchor = placeholders[-1] if placeholders else None
-        for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        for index, (node, value) in enumerate(zip(placeholders, self.example_inputs)):
             if not _is_weight(node, value) or storages_of(_fake(node)) & written:
                 continue
-            attr = fresh_attr_name(work, f"_frozen_{node.name}")
+            attr = fresh_attr_name(gm, f"_frozen_{node.name}")
             if isinstance(value, torch.nn.Parameter):
                 # kept a Parameter, requires_grad and all: decompositions read the flag. aten's
                 # matmul folds a linear on a transposed 3-d input into one mm only for a weight
                 # that requires grad; detached, ViT's attention projections became expand+bmm
                 # where Inductor's own freezing has one mm (tests/compile: same post-grad ops)
-                work.register_parameter(attr, value)
+                gm.register_parameter(attr, value)
             else:
-                work.register_buffer(attr, value.detach())
+                gm.register_buffer(attr, value.detach())
             with graph.inserting_after(anchor):
                 getter = graph.get_attr(attr)
             getter.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
@@ -351,12 +360,7 @@ def _frozen_copy(gm: fx.GraphModule, example_inputs: list[Any], skip_reason: str
             graph.erase_node(node)
             keep.remove(index)
             frozen.append(node.name)
-    work.recompile()
-    record.changed = bool(frozen)
-    record.stats = {"frozen": frozen, "inputs_kept": len(keep)}
-    record.nodes_after = len(graph.nodes)
-    record.seconds = time.perf_counter() - start
-    return work, keep, record
+        return PassResult(bool(frozen), {"frozen": frozen, "inputs_kept": keep})
 
 
 def _traced_frozen(gm: fx.GraphModule, training: bool, opts: BackendOptions) -> bool:
@@ -369,8 +373,12 @@ def _traced_frozen(gm: fx.GraphModule, training: bool, opts: BackendOptions) -> 
 
 
 def _is_weight(node: fx.Node, value: Any) -> bool:
-    """A parameter or buffer of a module (never a user input marked static for cudagraphs)."""
-    if not isinstance(value, torch.Tensor):
+    """A parameter or buffer of a module (never a user input marked static for cudagraphs).
+
+    Tensor subclasses (DTensor shards of a tensor-parallel model) stay inputs: Inductor's
+    freezing cannot take them as constants, and AOTAutograd unwraps them only as inputs.
+    """
+    if not isinstance(value, torch.Tensor) or is_traceable_wrapper_subclass(value):
         return False
     if isinstance(value, torch.nn.Parameter):
         return True
@@ -443,8 +451,7 @@ class InductorPass(CustomGraphPass):
         gm = graph.owning_module
         snapshot = GraphSnapshot.take(graph)
         try:
-            report = self.manager.run(gm, training=self.training,
-                                      settings={"backend": "fxopt", "level": "aten", "hook": self.hook})
+            report = self.manager.run(gm, training=self.training)
         except FxoptError as exc:
             if self.strict:
                 raise

@@ -1,4 +1,4 @@
-"""The ``fxopt`` command line: ``fxopt passes``, ``fxopt optimize``, ``fxopt demo``."""
+"""The ``fxopt`` command line: ``fxopt passes``, ``fxopt optimize``, ``fxopt demo``, ``fxopt profile``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from fxopt.errors import FxoptError
 from fxopt.optimize import DEFAULT_PIPELINE, optimize, report_of
+from fxopt.profiling import cli as profiling_cli
 from fxopt.registry import registered_passes
 
 
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where to write the per-pass HTML report (default: a new temporary folder)")
     demo.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     demo.set_defaults(fn=_cmd_demo)
+    profiling_cli.add_subcommand(sub, _parse_shape, _load_factory)
     return parser
 
 

@@ -25,8 +25,6 @@ class PassContext:
     example_inputs: tuple[Any, ...] | None = None
     training: bool = False
     report: Report = field(default_factory=Report)
-    #: free-form settings a caller hands to its passes (e.g. the torch.compile backend)
-    settings: dict[str, Any] = field(default_factory=dict)
     analyses: AnalysisManager = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,20 +44,36 @@ def infer_training(gm: fx.GraphModule) -> bool:
     """Whether ``gm`` is meant to be trained, when the caller does not say.
 
     For torch-level graphs (symbolic_trace) the module's ``training`` flag is the user's
-    statement. ATen-level graphs (torch.export, make_fx) encode the mode in their ops
-    (``_native_batch_norm_legit_no_training``, ``dropout(train=False)``) while their
-    GraphModule's flag is left at its default, so they count as inference graphs; pass
-    ``training=True`` explicitly to protect an ATen graph that will be trained.
+    statement. ATen-level graphs (torch.export, make_fx) leave their GraphModule's flag at
+    its default and encode the mode in their ops instead: such a graph is a training graph
+    when some op runs in training mode (a schema argument ``training``/``train`` that is
+    true: batch norm updating its statistics, dropout that drops), in the graph or in a
+    nested subgraph (``with torch.no_grad()`` blocks become ``wrap_with_set_grad_enabled``
+    calls of a subgraph; they say nothing about the mode). Pass ``training=True``
+    explicitly to protect an ATen graph without such ops that will be trained.
     """
-    return gm.training and any(_is_torch_level(gm, n) for n in gm.graph.nodes)
+    if any(_is_torch_level(gm, n) for n in gm.graph.nodes):
+        return gm.training
+    return _has_training_mode_op(gm)
 
 
 def _is_torch_level(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_method":
         return True
     if node.op == "call_function":
-        return not isinstance(node.target, torch._ops.OpOverload) and getattr(
+        return not isinstance(node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)) and getattr(
             node.target, "__module__", None) != "_operator"
     if node.op == "call_module":  # export's `_guards_fn` and nested GraphModules do not count
         return type(gm.get_submodule(node.target)).__module__.startswith("torch.nn.modules")
     return False
+
+
+def _has_training_mode_op(gm: fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            for i, arg in enumerate(node.target._schema.arguments):
+                if arg.name in ("training", "train"):
+                    value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+                    if value is True:
+                        return True
+    return any(_has_training_mode_op(sub) for sub in gm.children() if isinstance(sub, fx.GraphModule))

@@ -31,6 +31,10 @@ class UnknownPassError(PipelineError, KeyError):
         return str(self.args[0])
 
 
+class NotAPassError(PipelineError, TypeError):
+    """Something given as a pass (or pipeline) is none of the things a pass can be."""
+
+
 class PassOptionError(PipelineError, TypeError):
     """An option given to a pass does not exist or has the wrong type."""
 
@@ -38,6 +42,10 @@ class PassOptionError(PipelineError, TypeError):
         self.pass_name = pass_name
         self.option = option
         super().__init__(f"pass {pass_name!r}, option {option!r}: {message}")
+
+
+class ModelTypeError(FxoptError, TypeError):
+    """What was given as the model or graph is none of the things fxopt works on."""
 
 
 class InputError(FxoptError, ValueError):
@@ -56,6 +64,21 @@ class AnalysisError(FxoptError, RuntimeError):
         self.node = node
         where = f" at node {node!r}" if node else ""
         super().__init__(f"analysis {analysis!r}{where}: {message}")
+
+
+class MissingFakeImplError(AnalysisError):
+    """An op has no fake (meta) implementation, so shapes cannot be propagated through it.
+
+    Not a problem with the example inputs: the op's author registers one with
+    ``torch.library.register_fake`` (``@my_op.register_fake`` for ``custom_op``).
+    """
+
+    def __init__(self, op: str, node: str, detail: str):
+        self.op = op
+        super().__init__(
+            "shapes", f"op {op} has no fake implementation, so fxopt cannot propagate shapes "
+                      f"through it; register one with torch.library.register_fake({op!r}) "
+                      f"(torch says: {detail})", node=node)
 
 
 class PassError(FxoptError, RuntimeError):
@@ -120,3 +143,23 @@ class PatternError(FxoptError, ValueError):
     """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
     or a replacement whose signature does not fit the pattern. Raised when the rule is
     created, never while matching."""
+
+
+class RuleError(FxoptError, RuntimeError):
+    """A rule's own code failed while it was applied: a constraint, a ``where`` predicate
+    or a per-match callback raised. Names the rule and what raised; the graph is left as
+    it was before the rewrite that was being checked."""
+
+    def __init__(self, rule: str, message: str):
+        self.rule = rule
+        super().__init__(f"rule {rule!r}: {message}")
+
+
+class ProfileError(FxoptError, RuntimeError):
+    """A graph could not be profiled: it raised at ``node`` on the given inputs.
+    The module's parameters, buffers and the inputs are left as they were."""
+
+    def __init__(self, message: str, node: str | None = None):
+        self.node = node
+        where = f" at node {node!r}" if node else ""
+        super().__init__(f"profiling failed{where}: {message}")

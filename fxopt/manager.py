@@ -22,6 +22,8 @@ from fxopt.context import PassContext, infer_training
 from fxopt.errors import (
     FxoptError,
     InputError,
+    MissingFakeImplError,
+    ModelTypeError,
     PassContractError,
     PassError,
     VerificationError,
@@ -30,7 +32,7 @@ from fxopt.numerics import compare
 from fxopt.pass_protocol import Pass, PassResult
 from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
 from fxopt.report import PassRecord, Report
-from fxopt.snapshot import GraphSnapshot, ModuleState, TensorBackup
+from fxopt.snapshot import GraphSnapshot, ModuleState, TensorGuard
 
 REPORT_KEY = "fxopt.report"
 
@@ -59,10 +61,19 @@ class VerifyEach(Instrumentation):
         self.reference = self._execute(gm)
 
     def _execute(self, gm: fx.GraphModule) -> Any:
+        """Run ``gm`` on clones of the inputs; buffers it writes (training-mode running
+        statistics) are put back, since they are the user's."""
         inputs = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, self.inputs)
+        # batch norm updates its statistics without bumping their version counters
+        buffers = [(b, b.clone()) for b in gm.buffers() if not b.is_inference()]
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(0)
-            return gm(*inputs)
+            try:
+                return gm(*inputs)
+            finally:
+                for b, saved in buffers:
+                    if not torch.equal(b, saved):
+                        b.copy_(saved)
 
     def after_pass(self, pass_: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord) -> None:
         if not record.changed:
@@ -109,17 +120,16 @@ class PassManager:
         self.tensor_backup_limit = tensor_backup_limit
 
     def run(self, gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
-            training: bool | None = None, settings: dict[str, Any] | None = None) -> Report:
+            training: bool | None = None) -> Report:
         """Optimize ``gm`` in place and return the report (also at ``gm.meta['fxopt.report']``)."""
         if not isinstance(gm, fx.GraphModule):
-            raise TypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
+            raise ModelTypeError(f"PassManager.run takes a torch.fx.GraphModule, got {type(gm).__name__}")
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
             raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
         if self.verify and example_inputs is None:
             raise InputError("verify=True needs example_inputs to run the graph on")
         ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
-                          training=infer_training(gm) if training is None else training,
-                          settings=dict(settings or {}))
+                          training=infer_training(gm) if training is None else training)
         if example_inputs is not None:
             check_example_inputs(gm, ctx)
         hooks = list(self.hooks)
@@ -127,7 +137,7 @@ class PassManager:
             hooks.append(VerifyEach(gm, example_inputs, self.rtol, self.atol))
             ctx.report.verified = True
         run = _Run(gm, ctx, hooks if (self.instrument or self.verify) else [], self.instrument,
-                   TensorBackup(gm, self.tensor_backup_limit))
+                   TensorGuard(gm, self.tensor_backup_limit))
         with _long_lived_heap_frozen():
             for p in self.passes:
                 ctx.report.records.append(run.execute(p))
@@ -160,10 +170,10 @@ class _Run:
     """The state of one PassManager.run: executes (nested) passes transactionally."""
 
     def __init__(self, gm: fx.GraphModule, ctx: PassContext, hooks: list[Instrumentation],
-                 keep_snapshots: bool, backup: TensorBackup):
+                 keep_snapshots: bool, guard: TensorGuard):
         self.gm, self.ctx, self.hooks = gm, ctx, hooks
         self.keep_snapshots = keep_snapshots
-        self.backup = backup
+        self.guard = guard
 
     def execute(self, p: Pass) -> PassRecord:
         if isinstance(p, Composite):
@@ -214,11 +224,12 @@ class _Run:
             for name in p.requires:
                 ctx.analysis(name)
             result = _as_result(p, p.run(gm, ctx))
-            mutated = state.mutated_tensors()
-            if mutated:
+            written = self.guard.changed()
+            if written:
                 raise PassContractError(
-                    p.name, f"wrote into existing tensor {mutated[0][0]!r} in place; "
-                            "passes must create new tensors instead")
+                    p.name, f"wrote into existing tensor {written[0]!r} in place (or swapped its "
+                            "data); passes must create new tensors instead, because the tensors "
+                            "are shared with the user's model")
             record.changed = result.changed or len(gm.graph.nodes) != len(snapshot)
             record.stats = result.stats
             if record.changed:
@@ -234,16 +245,17 @@ class _Run:
                 raise
             message = str(exc) if isinstance(exc, FxoptError) else f"{type(exc).__name__}: {exc}"
             raise PassError(p.name, message, node=getattr(exc, "node", None)) from exc
+        self.guard.track(gm)  # tensors the pass added are guarded from now on
         if record.changed and self.keep_snapshots:
             record.before = snapshot
         return record
 
     def _rollback(self, snapshot: GraphSnapshot, state: ModuleState) -> None:
-        mutated = state.mutated_tensors()
-        if mutated and not self.backup.restore(mutated):
+        written = self.guard.changed()
+        if written and not self.guard.restore():
             self.ctx.warn(
-                f"data of {', '.join(name for name, _ in mutated)} was written in place and could "
-                "not be restored (the tensor backup was skipped: raise tensor_backup_limit)")
+                f"data of {', '.join(written)} was written in place and could not be restored "
+                "(the tensor backup was skipped: raise tensor_backup_limit)")
         state.restore()
         self.gm.graph = snapshot.build(self.gm)
         self.ctx.analyses.invalidate()
@@ -291,4 +303,6 @@ def check_example_inputs(gm: fx.GraphModule, ctx: PassContext) -> None:
         ctx.analysis("shapes")
     except FxoptError as exc:
         snapshot.restore_meta()
+        if isinstance(exc, MissingFakeImplError):  # the op's fault, not the inputs'
+            raise
         raise InputError(f"example inputs do not fit the graph: {exc}") from exc

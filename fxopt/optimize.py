@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fxopt.errors import TraceError
+from fxopt.errors import InputError, ModelTypeError, TraceError
 from fxopt.manager import REPORT_KEY, Instrumentation, PassManager
 from fxopt.pipeline import PassLike
 from fxopt.report import Report
@@ -41,6 +41,7 @@ def optimize(
     hooks: Iterable[Instrumentation] = (),
     rtol: float | None = None,
     atol: float | None = None,
+    profile: bool = False,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
 
@@ -57,6 +58,10 @@ def optimize(
     With ``verify=True`` every pass is checked for graph lint and numerical equivalence
     on ``example_inputs``; the first pass that breaks it is named in the error and rolled
     back.
+
+    ``profile=True`` measures the graph on ``example_inputs`` before and after the passes
+    (:func:`fxopt.profile`) and puts the :class:`~fxopt.profiling.ProfileDiff`, which
+    credits the change in time and memory to the passes, in ``report_of(result).profile``.
     """
     gm = as_graph_module(model)
     if not inplace:
@@ -65,7 +70,15 @@ def optimize(
         DEFAULT_PIPELINE if passes is None else passes,
         verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol,
     )
-    manager.run(gm, example_inputs, training=training)
+    if profile and example_inputs is None:
+        raise InputError("profile=True needs example_inputs to run the graph on")
+    original = copy_sharing_tensors(gm) if profile else None
+    report = manager.run(gm, example_inputs, training=training)
+    if original is not None:
+        from fxopt.profiling import profile as profile_graph
+
+        before = profile_graph(original, example_inputs)
+        report.profile = before.diff(profile_graph(gm, example_inputs), report)
     return gm
 
 
@@ -84,7 +97,7 @@ def as_graph_module(model: Any) -> fx.GraphModule:
     if isinstance(model, torch.export.ExportedProgram):
         return model.module()
     if not isinstance(model, nn.Module):
-        raise TypeError(f"optimize takes an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}")
+        raise ModelTypeError(f"optimize takes an nn.Module, GraphModule or ExportedProgram, got {type(model).__name__}")
     try:
         return fx.symbolic_trace(model)
     except Exception as exc:

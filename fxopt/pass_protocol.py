@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.fx as fx
 
-from fxopt.errors import PassContractError, PassOptionError
+from fxopt.errors import NotAPassError, PassContractError, PassOptionError
 
 if TYPE_CHECKING:
     from fxopt.context import PassContext
@@ -30,6 +30,8 @@ class Option:
     default: Any
     doc: str = ""
     choices: tuple[Any, ...] | None = None
+    #: the smallest value allowed (numeric options)
+    minimum: float | None = None
 
     def coerce(self, pass_name: str, key: str, value: Any) -> Any:
         """Return ``value`` converted to this option's type, or raise PassOptionError.
@@ -47,6 +49,8 @@ class Option:
             )
         if self.choices is not None and value not in self.choices:
             raise PassOptionError(pass_name, key, f"{value!r} is not one of {list(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise PassOptionError(pass_name, key, f"must be at least {self.minimum}, got {value!r}")
         return value
 
 
@@ -175,4 +179,4 @@ def as_pass(item: Pass | Callable[[fx.GraphModule], Any]) -> Pass:
         return item()
     if callable(item):
         return FunctionPass(item)
-    raise TypeError(f"not a pass: {item!r} ({type(item).__name__})")
+    raise NotAPassError(f"not a pass: {item!r} ({type(item).__name__})")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch.fx as fx
 
-from fxopt.errors import PipelineError
+from fxopt.errors import NotAPassError, PipelineError
 from fxopt.pass_protocol import Option, Pass, as_pass
 from fxopt.registry import get_pass_class
 
@@ -51,12 +51,10 @@ class Fixpoint(Composite):
     """Repeat the children until a whole round changes nothing, at most max_rounds times."""
 
     name = "fixpoint"
-    options: ClassVar = {"max_rounds": Option(int, 10, "upper bound on the rounds")}
+    options: ClassVar = {"max_rounds": Option(int, 10, "upper bound on the rounds", minimum=1)}
 
     def __init__(self, children: Iterable[PassLike], max_rounds: int = 10):
-        super().__init__(children, max_rounds=max_rounds)
-        if self.options["max_rounds"] < 1:
-            raise PipelineError(f"fixpoint: max_rounds must be >= 1, got {max_rounds}")
+        super().__init__(children, max_rounds=max_rounds)  # Option(minimum=1) checks the bound
 
 
 class Conditional(Composite):
@@ -79,6 +77,9 @@ def resolve(items: PassLike | Iterable[PassLike]) -> list[Pass]:
     into a flat list of top-level Pass objects (composites keep their children)."""
     if isinstance(items, (str, Pass)) or callable(items) and not isinstance(items, (list, tuple)):
         items = [items]
+    elif not isinstance(items, Iterable):
+        raise NotAPassError(f"passes={items!r} ({type(items).__name__}) is not a pass or pipeline: give "
+                            "a pass name, a textual pipeline, a Pass, a function gm -> gm, or a list of these")
     out: list[Pass] = []
     for item in items:
         if isinstance(item, str):
@@ -89,7 +90,7 @@ def resolve(items: PassLike | Iterable[PassLike]) -> list[Pass]:
             try:
                 out.append(as_pass(item))
             except TypeError as exc:
-                raise PipelineError(str(exc)) from None
+                raise NotAPassError(str(exc)) from None
     return out
 
 

@@ -27,9 +27,9 @@ class PassRecord:
     skipped: str | None = None
     warnings: list[str] = field(default_factory=list)
     children: list[PassRecord] = field(default_factory=list)
-    #: the graph before/after this pass, kept when the pass changed it (for diffs)
+    #: the graph before this pass, kept when the pass changed it (for diffs; the graph
+    #: after it is the next changing pass's ``before``, or the result)
     before: GraphSnapshot | None = None
-    after: GraphSnapshot | None = None
 
     def walk(self, depth: int = 0) -> Iterator[tuple[int, PassRecord]]:
         yield depth, self
@@ -44,6 +44,8 @@ class Report:
     records: list[PassRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     verified: bool = False
+    #: the measured before/after (a ProfileDiff) when optimize ran with profile=True
+    profile: Any = None
 
     def walk(self) -> Iterator[tuple[int, PassRecord]]:
         for record in self.records:

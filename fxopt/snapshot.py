@@ -6,9 +6,15 @@ pieces fx keeps anyway (op, target, args, kwargs, name, type) plus a shallow cop
 ``meta`` — O(n) tuple building, no node creation. Only a rollback (rare) or a diff
 (on demand) pays for rebuilding a graph from the records.
 
-Module state is snapshotted as shallow copies of every submodule's ``__dict__``, and
-parameter/buffer *data* is protected by version counters: passes create new tensors
-rather than writing into existing ones, and the manager checks that they did.
+Module state is snapshotted as shallow copies of every submodule's ``__dict__`` (and of
+``gm.meta``). Tensor *data* is guarded by :class:`TensorGuard`: passes create new tensors
+rather than writing into existing ones, and the guard checks that they did, whatever the
+route of the write (autograd-visible in-place ops, ``.data``, ``p.data = ...``, a
+``.numpy()`` view), and puts the data back when one did.
+
+A snapshot kept in a report is plain data once copied or pickled (``__deepcopy__`` /
+``__reduce__``): node references become names, so copying an optimized GraphModule
+never walks the linked list of an old graph's nodes.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # Node fields a rebuild needs. They are read column by column with attrgetter/map, so the
 # per-node work stays in C and a snapshot allocates no per-node objects besides metadata
@@ -37,7 +45,8 @@ def _copy_meta(meta: dict) -> dict:
 class GraphSnapshot:
     """The structure of a graph at one moment; can rebuild an equal graph later."""
 
-    nodes: list[fx.Node]
+    #: the live nodes (None in a copied or unpickled snapshot, whose args refer to names)
+    nodes: list[fx.Node] | None
     #: one list per entry of _FIELDS, aligned with ``nodes``
     columns: tuple[list[Any], ...]
     metas: list[dict]
@@ -58,10 +67,11 @@ class GraphSnapshot:
         )
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self.metas)
 
     def restore_meta(self) -> None:
         """Put back every recorded node's metadata (the nodes themselves are unchanged)."""
+        assert self.nodes is not None, "only a live snapshot can restore metadata"
         for node, meta in zip(self.nodes, self.metas):
             node.meta = dict(meta)
 
@@ -69,14 +79,18 @@ class GraphSnapshot:
         """A new graph with the recorded nodes, names and metadata."""
         graph = fx.Graph(owning_module, self.tracer_cls, self.tracer_extras)
         graph._codegen = self.codegen
-        env: dict[fx.Node, fx.Node] = {}
-        for node, op, target, args, kwargs, name, type_, meta in zip(self.nodes, *self.columns, self.metas):
-            new = graph.create_node(
-                op, target, fx.map_arg(args, env.__getitem__), fx.map_arg(kwargs, env.__getitem__),
-                name=name, type_expr=type_,
-            )
+        env: dict[str, fx.Node] = {}
+
+        def lookup(value: Any) -> Any:
+            if isinstance(value, fx.Node):
+                return env[value.name]
+            return env[str(value)] if isinstance(value, _NodeName) else value
+
+        for op, target, args, kwargs, name, type_, meta in zip(*self.columns, self.metas):
+            new = graph.create_node(op, target, fx.node.map_aggregate(args, lookup),
+                                    fx.node.map_aggregate(kwargs, lookup), name=name, type_expr=type_)
             new.meta = dict(meta)
-            env[node] = new
+            env[name] = new
         return graph
 
     def to_graph_module(self, root: torch.nn.Module) -> fx.GraphModule:
@@ -87,30 +101,58 @@ class GraphSnapshot:
         early snapshot rebuilds over the model given to the run, not over its result."""
         return fx.GraphModule(root, self.build())
 
+    def _plain_columns(self) -> tuple[list[Any], ...]:
+        def name_of(value: Any) -> Any:
+            return _NodeName(value.name) if isinstance(value, fx.Node) else value
+
+        return tuple(
+            [fx.node.map_aggregate(v, name_of) for v in column] if field in ("_args", "_kwargs") else list(column)
+            for field, column in zip(_FIELDS, self.columns))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GraphSnapshot:
+        # node references become names; metadata is shared, as fx's own graph copy does
+        return GraphSnapshot(None, self._plain_columns(), [dict(m) for m in self.metas],
+                             self.codegen, self.tracer_cls, self.tracer_extras)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # metadata keeps only plain values: FakeTensors and the like cannot be pickled
+        metas = [{k: v for k, v in m.items() if _is_plain(v)} for m in self.metas]
+        return (GraphSnapshot, (None, self._plain_columns(), metas, self.codegen, None, None))
+
+
+class _NodeName(str):
+    """A reference to a node by name, in a snapshot detached from its graph."""
+
+
+_PLAIN_LEAVES = (str, int, float, bool, type(None), torch.dtype, torch.device)  # not memory_format: protocol 2 (torch.save) cannot pickle it
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN_LEAVES):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(map(_is_plain, value))
+    if isinstance(value, dict):
+        return all(_is_plain(k) and _is_plain(v) for k, v in value.items())
+    return False
+
 
 class ModuleState:
-    """Shallow copies of every submodule's attributes, plus tensor version counters."""
+    """Shallow copies of every submodule's attributes (and of ``gm.meta``)."""
 
     def __init__(self, gm: fx.GraphModule):
         self.dicts = [(m, _copy_module_dict(m.__dict__)) for m in gm.modules()]
-        # inference tensors have no version counter (and cannot be written outside
-        # inference_mode), so they are not tracked
-        self.versions = {id(t): (name, t, t._version) for name, t in _tensors(gm) if not t.is_inference()}
 
     def restore(self) -> None:
         for module, saved in self.dicts:
             module.__dict__.clear()
             module.__dict__.update(_copy_module_dict(saved))
 
-    def mutated_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """Tensors (by qualified name) whose data was written since the snapshot."""
-        return [(name, t) for name, t, version in self.versions.values() if t._version != version]
-
 
 def _copy_module_dict(d: dict) -> dict:
     out = dict(d)
-    for key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
-        if key in out:
+    for key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "meta"):
+        if key in out and isinstance(out[key], (dict, set)):
             out[key] = type(out[key])(out[key])
     return out
 
@@ -127,27 +169,116 @@ def _tensors(gm: fx.GraphModule):
                 yield dot + key, value
 
 
-class TensorBackup:
-    """A copy of parameter/buffer data, used only if a pass wrote into them in place.
+@dataclass
+class _Guarded:
+    name: str
+    tensor: torch.Tensor
+    #: an alias of the tensor's data as it was (``p.data = other`` swaps it out)
+    data: torch.Tensor
+    #: where the data lives: storage, offset, shape, strides of every plain tensor inside
+    layout: tuple
+    version: int
+    #: a copy of the contents (None when over the backup limit)
+    copy: torch.Tensor | None
 
-    Taken once per run, and skipped above ``limit_bytes`` (a pass that then mutates a
-    parameter is still reported, but its data cannot be restored).
+
+class TensorGuard:
+    """Detects and undoes writes into the tensors a GraphModule held, by any route.
+
+    Every tensor held when the run starts (the user's parameters and buffers, since the
+    result of ``optimize`` shares them) and every tensor a pass adds later is recorded with
+    its storage, its version counter and a copy of its contents. After each pass,
+    :meth:`changed` finds the tensors whose storage was swapped (``p.data = ...``) or whose
+    contents differ from the copy (writes through ``.data`` or a ``.numpy()`` view bypass
+    version counters, so contents decide); :meth:`restore` puts them back. Tensor
+    subclasses (DTensor) are compared through the plain tensors they wrap. The content
+    comparison is bytewise (a NaN equals itself); see bench/RESULTS.md for its cost.
+
+    Copies are skipped above ``limit_bytes`` (then only swaps and version changes are
+    detected, and contents cannot be restored; the manager says so).
     """
 
     def __init__(self, gm: fx.GraphModule, limit_bytes: int):
-        tensors = {id(t): t for _, t in _tensors(gm)}
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        self.enabled = total <= limit_bytes
-        with torch.no_grad():
-            self.copies = {i: t.detach().clone() for i, t in tensors.items()} if self.enabled else {}
+        self.limit_bytes = limit_bytes
+        self.entries: dict[int, _Guarded] = {}
+        self.total = 0
+        self.track(gm)
 
-    def restore(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
-        if not self.enabled:
-            return False
+    def track(self, gm: fx.GraphModule) -> None:
+        """Start guarding the tensors ``gm`` holds that are not guarded yet."""
+        new = [(name, t) for name, t in _tensors(gm) if id(t) not in self.entries]
+        self.total += sum(t.numel() * t.element_size() for _, t in new)
         with torch.no_grad():
-            for _, t in tensors:
-                saved = self.copies.get(id(t))
-                if saved is None:
-                    return False
-                t.copy_(saved)
+            for name, t in new:
+                copy = t.detach().clone() if self.total <= self.limit_bytes else None
+                self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), copy)
+
+    def changed(self) -> list[str]:
+        """Names of the guarded tensors that were written or swapped since recorded."""
+        return [e.name for e in self.entries.values() if _was_changed(e)]
+
+    def restore(self) -> bool:
+        """Put every changed tensor back; False if some contents could not be restored."""
+        ok = True
+        with torch.no_grad():
+            for e in self.entries.values():
+                if not _was_changed(e):
+                    continue
+                if _layout(e.tensor) != e.layout:
+                    e.tensor.data = e.data
+                if e.copy is None:
+                    ok = False
+                    continue
+                for data, saved in zip(_plain(e.data), _plain(e.copy)):
+                    data.copy_(saved)
+                e.version = _version(e.tensor)
+        return ok
+
+
+def _plain(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding ``t``'s data (``t`` itself unless it is a wrapper subclass)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    return [leaf for a in attrs if isinstance(getattr(t, a), torch.Tensor) for leaf in _plain(getattr(t, a))]
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    def one(x: torch.Tensor) -> tuple:
+        try:
+            ptr = x.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no real storage (meta, fake, sparse)
+            ptr = id(x)
+        return ptr, x.storage_offset() if x.layout == torch.strided else 0, x.shape, x.dtype, \
+            x.stride() if x.layout == torch.strided else ()
+
+    return tuple(map(one, _plain(t)))
+
+
+def _version(t: torch.Tensor) -> int:
+    # inference tensors have no version counter (and cannot be written outside inference_mode)
+    return -1 if t.is_inference() else t._version
+
+
+def _was_changed(e: _Guarded) -> bool:
+    if _layout(e.tensor) != e.layout:
+        return True
+    if e.copy is not None:  # the contents decide: a write of equal values changes nothing
+        return not all(map(_bytes_equal, _plain(e.data), _plain(e.copy)))
+    return _version(e.tensor) != e.version
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads included); numpy's comparison is the fastest on CPU."""
+    as_int = _SAME_SIZE_INT.get(a.element_size())
+    try:
+        if as_int is not None and a.layout == torch.strided:
+            a, b = a.view(as_int), b.view(as_int)
+            if a.device.type == "cpu":
+                return bool(np.array_equal(a.numpy(), b.numpy()))
+        return bool(torch.equal(a, b))
+    except (RuntimeError, TypeError):  # a layout that cannot be compared
         return True

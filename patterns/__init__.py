@@ -16,11 +16,14 @@ A pattern written with any spelling of an op matches every spelling of it
     fp.register_rules("my_fusion", [fp.rule(pattern, replacement)], "what it does")
     fxopt.optimize(gm, passes=["my_fusion"])              # or as a registered pass
 
-Constraints: ``fp.rule(pattern, replacement, x=fp.dtype_in(torch.half), where=...)``.
+Constraints: ``fp.rule(pattern, replacement, x=fp.dtype_in(torch.half), where=...)``;
+a per-match veto: ``fp.rule(..., callback=lambda m: ...)``.
 Why something did not match: ``print(fp.explain(gm, pattern, "relu_3"))``.
+Porting a ``torch.fx`` script: ``fp.replace_pattern`` has its signature and return type.
 """
 
 from fxopt.patterns.canon import Canon, ParamRef, canonicalize
+from fxopt.patterns.compat import replace_pattern
 from fxopt.patterns.constraints import (
     dtype_in,
     equals,
@@ -32,6 +35,7 @@ from fxopt.patterns.constraints import (
 from fxopt.patterns.matcher import Match
 from fxopt.patterns.pattern import ANY
 from fxopt.patterns.rules import (
+    Rewrite,
     Rule,
     RulePass,
     apply_rules,
@@ -44,8 +48,12 @@ from fxopt.patterns.rules import (
 
 import fxopt.fused_ops  # noqa: F401 - the torch.ops.fxopt.* ops replacements call
 
+#: torch.fx's other name for the same entry point
+replace_pattern_with_filters = replace_pattern
+
 __all__ = [
-    "ANY", "Canon", "Match", "ParamRef", "Rule", "RulePass", "apply_rules", "canonicalize",
-    "dtype_in", "equals", "explain", "find_matches", "is_tensor", "only_used_by_match", "rank",
-    "register_rules", "replace", "rule", "single_use",
+    "ANY", "Canon", "Match", "ParamRef", "Rewrite", "Rule", "RulePass", "apply_rules",
+    "canonicalize", "dtype_in", "equals", "explain", "find_matches", "is_tensor",
+    "only_used_by_match", "rank", "register_rules", "replace", "replace_pattern",
+    "replace_pattern_with_filters", "rule", "single_use",
 ]

@@ -10,14 +10,15 @@ once matches every spelling, at torch level (symbolic_trace, Dynamo) and at ATen
 (export, make_fx). The user's graph is never rewritten to get there: canonical forms are
 computed on the side, when matching.
 
-Ops outside the table still canonicalize, by their ATen base name with arguments bound
-to their signature (schema or Python signature), so ``torch.sigmoid`` and ``x.sigmoid()``
-meet, just without the cross-level normalization the table gives.
+Which op a call performs, and whether the spelling writes in place, is the op-facts
+model's answer (:mod:`fxopt.analysis.ops`: ``op_name``, ``spelled_inplace``,
+``functional_form``); this module only binds the arguments to the op's ATen schema, so
+every spelling lists the same arguments, and brings a few ops whose spellings differ in
+more than names into one form (the adapters below).
 """
 
 from __future__ import annotations
 
-import inspect
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
+
+from fxopt.analysis.ops import (
+    base_name,
+    functional_form,
+    is_inplace_name,
+    op_name,
+    signature_of,
+    spelled_inplace,
+)
 
 aten = torch.ops.aten
 
@@ -52,10 +61,6 @@ class Canon:
     #: the ``getitem(..., 0)`` that reads as ``batch_norm``)
     interior: tuple[fx.Node, ...] = field(default=())
 
-
-#: ops whose two tensor operands may be swapped (when the remaining arguments are equal)
-COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "eq", "ne",
-                         "bitwise_and", "bitwise_or", "bitwise_xor", "logical_and", "logical_or"})
 
 _MISSING = object()
 
@@ -96,40 +101,26 @@ def _ntuple(value: Any, n: int) -> Any:
     return None  # a string padding ("same"), a node: not canonical
 
 
-# --- the table: spelling -> adapter(args, kwargs) -> (op, canonical args) or None -------
+# --- argument adapters: ops whose spellings differ in more than names ----------------
+#
+# Which op a call is (its name, whether it writes in place) is the op-facts model's answer
+# (:func:`fxopt.analysis.ops.op_name`, :func:`~fxopt.analysis.ops.spelled_inplace`);
+# the adapters below only bring the arguments of a few ops into one form, keyed by that
+# name: ``relu6`` is ``hardtanh(x, 0, 6)``, every convolution is ``convolution`` with
+# list arguments, ``F.batch_norm`` orders its arguments unlike ``aten.batch_norm``,
+# ``selu`` is ``elu`` with fixed constants, ``aten._softmax`` is ``softmax``.
 
-Adapter = Callable[[tuple, dict], "tuple[str, list] | None"]
-
-
-def _unary(op: str, extra: Sequence[tuple[str, Any]] = ()) -> Adapter:
-    params = [("self", _MISSING), *extra]
-
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        if kwargs:
-            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-        bound = _bind(args, kwargs, params)
-        return None if bound is None else (op, bound)
-
-    adapt.op = op
-    return adapt
+Adapter = Callable[[Any, tuple, dict], "tuple[str, list] | None"]
 
 
-def _binary(op: str, alpha: bool) -> Adapter:
-    params = [("self", _MISSING), ("other", _MISSING)] + ([("alpha", 1)] if alpha else [])
-
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-        if kwargs:
-            kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items()}
-        bound = _bind(args, kwargs, params)
-        return None if bound is None else (op, bound)
-
-    adapt.op = op
-    return adapt
+def _self(kwargs: dict) -> dict:
+    """Keyword arguments as the ATen schema names them (``input`` is ``self``), without
+    the ``inplace`` flag (the spelling, not an argument)."""
+    return {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
 
 
-def _hardtanh(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-    bound = _bind(args[:3], kwargs, [("self", _MISSING), ("min_val", -1.0), ("max_val", 1.0)])
+def _hardtanh(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:3], _self(kwargs), [("self", _MISSING), ("min_val", -1.0), ("max_val", 1.0)])
     return None if bound is None else ("hardtanh", [bound[0], _float(bound[1]), _float(bound[2])])
 
 
@@ -139,10 +130,41 @@ def _float(value: Any) -> Any:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-def _relu6(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    kwargs = {("self" if k == "input" else k): v for k, v in kwargs.items() if k != "inplace"}
-    bound = _bind(args[:1], kwargs, [("self", _MISSING)])
+def _relu6(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:1], _self(kwargs), [("self", _MISSING)])
     return None if bound is None else ("hardtanh", [bound[0], 0.0, 6.0])
+
+
+#: torch.nn.functional.selu's constants (torch/csrc/api/include/torch/nn/functional/activation.h)
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+def _selu(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    bound = _bind(args[:1], _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("elu", [bound[0], _SELU_ALPHA, _SELU_SCALE, 1])
+
+
+def _square(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    """``torch.square(x)`` is ``x ** 2`` (what make_fx records)."""
+    bound = _bind(args, _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("pow", [bound[0], 2])
+
+
+def _logsigmoid(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    """``F.logsigmoid`` is exported under that name; ATen calls it ``log_sigmoid``."""
+    bound = _bind(args, _self(kwargs), [("self", _MISSING)])
+    return None if bound is None else ("log_sigmoid", bound)
+
+
+def _private_softmax(op: str) -> Adapter:
+    """``aten._softmax(x, dim, half_to_float)``, what decompositions call, is ``softmax``."""
+    def adapt(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+        bound = _bind(args, kwargs, [("self", _MISSING), ("dim", _MISSING), ("half_to_float", _MISSING)])
+        if bound is None:
+            return None
+        return (op, [bound[0], bound[1], torch.float32 if bound[2] else None])
+
+    return adapt
 
 
 def _conv(dims: int, transposed: bool) -> Adapter:
@@ -154,7 +176,7 @@ def _conv(dims: int, transposed: bool) -> Adapter:
         params = [("input", _MISSING), ("weight", _MISSING), ("bias", None), ("stride", 1),
                   ("padding", 0), ("dilation", 1), ("groups", 1)]
 
-    def adapt(args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    def adapt(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
         bound = _bind(args, kwargs, params)
         if bound is None:
             return None
@@ -166,11 +188,10 @@ def _conv(dims: int, transposed: bool) -> Adapter:
         return ("convolution", [named["input"], named["weight"], named["bias"], *lists,
                                 transposed, output_padding, named["groups"]])
 
-    adapt.op = "convolution"
     return adapt
 
 
-def _convolution(args: tuple, kwargs: dict) -> tuple[str, list] | None:
+def _convolution(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
     bound = _bind(args, kwargs, [(n, _MISSING) for n in (
         "input", "weight", "bias", "stride", "padding", "dilation", "transposed",
         "output_padding", "groups")])
@@ -181,6 +202,7 @@ def _convolution(args: tuple, kwargs: dict) -> tuple[str, list] | None:
     return ("convolution", bound)
 
 
+#: F.batch_norm's order (a Python function); torch.batch_norm / aten.batch_norm's order
 _F_BATCH_NORM = [("input", _MISSING), ("running_mean", _MISSING), ("running_var", _MISSING),
                  ("weight", None), ("bias", None), ("training", False), ("momentum", 0.1),
                  ("eps", 1e-5)]
@@ -189,79 +211,45 @@ _ATEN_BATCH_NORM = [("input", _MISSING), ("weight", _MISSING), ("bias", _MISSING
                     ("momentum", _MISSING), ("eps", _MISSING), ("cudnn_enabled", True)]
 
 
-def _f_batch_norm(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    b = _bind(args, kwargs, _F_BATCH_NORM)
-    return None if b is None else ("batch_norm", [b[0], b[3], b[4], b[1], b[2], b[5], b[6], b[7]])
+def _batch_norm(target: Any, args: tuple, kwargs: dict) -> tuple[str, list] | None:
+    params = _F_BATCH_NORM if _python_parameters(target)[:2] == ["input", "running_mean"] else _ATEN_BATCH_NORM
+    bound = _bind(args, kwargs, params)
+    if bound is None:
+        return None
+    named = dict(zip((name for name, _ in params), bound))
+    return ("batch_norm", [named[name] for name, _ in _ATEN_BATCH_NORM[:8]])
 
 
-def _aten_batch_norm(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    b = _bind(args, kwargs, _ATEN_BATCH_NORM)
-    return None if b is None else ("batch_norm", b[:8])
+def _python_parameters(target: Any) -> list[str]:
+    signature = signature_of(target)
+    return [] if signature is None else list(signature.parameters)
 
 
-def _linear(args: tuple, kwargs: dict) -> tuple[str, list] | None:
-    bound = _bind(args, kwargs, [("input", _MISSING), ("weight", _MISSING), ("bias", None)])
-    return None if bound is None else ("linear", bound)
-
-
-def _function_table() -> dict[Any, tuple[str, Adapter, bool]]:
-    """callable target -> (canonical op, adapter, writes into its first argument)."""
-    table: dict[Any, tuple[str, Adapter, bool]] = {}
-
-    def add(targets: Sequence[Any], adapter: Adapter, inplace: bool = False) -> None:
-        for t in targets:
-            table[t] = (adapter.op, adapter, inplace)
-
-    add([torch.relu, F.relu, aten.relu.default], _unary("relu"))
-    add([torch.relu_, F.relu_, aten.relu_.default], _unary("relu"), inplace=True)
-    add([F.hardtanh, aten.hardtanh.default], _hardtanh)
-    add([F.hardtanh_, aten.hardtanh_.default], _hardtanh, inplace=True)
-    add([F.relu6], _relu6)
-    for name, alpha in (("add", True), ("sub", True), ("mul", False)):
-        add([getattr(operator, name), getattr(torch, name), getattr(aten, name).Tensor,
-             getattr(aten, name).Scalar], _binary(name, alpha))
-        add([getattr(operator, "i" + name), getattr(aten, name + "_").Tensor,
-             getattr(aten, name + "_").Scalar], _binary(name, alpha), inplace=True)
-    for dims in (1, 2, 3):
-        add([getattr(F, f"conv{dims}d"), getattr(torch, f"conv{dims}d"),
-             getattr(aten, f"conv{dims}d").default], _conv(dims, False))
-        add([getattr(F, f"conv_transpose{dims}d"), getattr(torch, f"conv_transpose{dims}d"),
-             *(getattr(getattr(aten, f"conv_transpose{dims}d"), o)
-               for o in getattr(aten, f"conv_transpose{dims}d").overloads())], _conv(dims, True))
-    add([torch.convolution, aten.convolution.default], _convolution)
-    add([F.batch_norm], _f_batch_norm)
-    add([torch.batch_norm, aten.batch_norm.default], _aten_batch_norm)
-    add([F.linear, torch._C._nn.linear, aten.linear.default], _linear)
-    return table
-
-
-for _adapter, _op in ((_hardtanh, "hardtanh"), (_relu6, "hardtanh"), (_convolution, "convolution"),
-                      (_f_batch_norm, "batch_norm"), (_aten_batch_norm, "batch_norm"),
-                      (_linear, "linear")):
-    _adapter.op = _op
-
-_FUNCTIONS = _function_table()
-_METHODS: dict[str, tuple[str, Adapter, bool]] = {
-    name: (adapter.op, adapter, name.endswith("_") and not name.startswith("__"))
-    for name, adapter in (
-        ("relu", _unary("relu")), ("relu_", _unary("relu")),
-        ("add", _binary("add", True)), ("add_", _binary("add", True)),
-        ("sub", _binary("sub", True)), ("sub_", _binary("sub", True)),
-        ("mul", _binary("mul", False)), ("mul_", _binary("mul", False)),
-        ("__add__", _binary("add", True)), ("__mul__", _binary("mul", False)),
-        ("__sub__", _binary("sub", True)),
-    )
+_ADAPTERS: dict[str, Adapter] = {
+    "hardtanh": _hardtanh, "relu6": _relu6, "selu": _selu, "logsigmoid": _logsigmoid, "square": _square,
+    "_softmax": _private_softmax("softmax"), "_log_softmax": _private_softmax("log_softmax"),
+    "convolution": _convolution, "_convolution": _convolution, "batch_norm": _batch_norm,
+    **{f"conv{d}d": _conv(d, False) for d in (1, 2, 3)},
+    **{f"conv_transpose{d}d": _conv(d, True) for d in (1, 2, 3)},
 }
+#: the canonical op each adapter produces (for the cheap anchor index)
+_ADAPTED_OP = {"hardtanh": "hardtanh", "relu6": "hardtanh", "selu": "elu", "logsigmoid": "log_sigmoid",
+               "square": "pow", "_softmax": "softmax",
+               "_log_softmax": "log_softmax", "batch_norm": "batch_norm",
+               **dict.fromkeys(("convolution", "_convolution", *(f"conv{d}d" for d in (1, 2, 3)),
+                                *(f"conv_transpose{d}d" for d in (1, 2, 3))), "convolution")}
 
-#: functional activations whose ``inplace`` flag may come positionally
-_POSITIONAL_INPLACE = {F.relu: 1, F.relu6: 1, F.hardtanh: 3}
-
-# batch norm ops that return (out, save_mean, save_invstd): ``getitem(op, 0)`` is the op
-_BN_TUPLE_OPS: dict[Any, Callable[[tuple, dict], list | None]] = {
-    aten.native_batch_norm.default: lambda a, k: _aten_batch_norm(a, k),
-    aten._native_batch_norm_legit.default: lambda a, k: _aten_batch_norm(a, k),
-    aten._native_batch_norm_legit_no_training.default:
+# ops returning a tuple whose element 0 is the op of another name (``getitem(op, 0)``)
+_TUPLE_OPS: dict[str, Callable[[tuple, dict], tuple[str, list] | None]] = {
+    "native_batch_norm": lambda a, k: _batch_norm(None, a, k),
+    "_native_batch_norm_legit": lambda a, k: _batch_norm(None, a, k),
+    "_native_batch_norm_legit_no_training":
         lambda a, k: ("batch_norm", [*a[:5], False, *a[5:7]]) if len(a) == 7 and not k else None,
+    "log_sigmoid_forward": lambda a, k: ("log_sigmoid", [a[0]]) if len(a) == 1 and not k else None,
+    "native_layer_norm": lambda a, k: ("layer_norm", [a[0], _as_list(a[1]), *a[2:5], None])
+    if len(a) == 5 and not k else None,
+    "native_group_norm": lambda a, k: ("group_norm", [a[0], a[6], a[1], a[2], a[7], None])
+    if len(a) == 8 and not k else None,
 }
 
 
@@ -292,17 +280,10 @@ def _param(owner: str | None, module: nn.Module, attr: str) -> Any:
 
 def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwargs: dict) -> Canon | None:
     """The canonical call an ``nn`` module performs, by type and attributes (never by the
-    name it is installed under); None for modules outside the table."""
+    name it is installed under); None for modules that are not torch's."""
     if kwargs or len(args) != 1:
         return None
     (x,) = args
-    inplace = bool(getattr(module, "inplace", False))
-    if type(module) is nn.ReLU:
-        return Canon("relu", (x,), inplace)
-    if type(module) is nn.ReLU6:
-        return Canon("hardtanh", (x, 0.0, 6.0), inplace)
-    if type(module) is nn.Hardtanh:
-        return Canon("hardtanh", (x, float(module.min_val), float(module.max_val)), inplace)
     if type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                         nn.ConvTranspose3d):
         if module.padding_mode != "zeros" or isinstance(module.padding, str):
@@ -322,68 +303,189 @@ def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwarg
             _param(owner, module, "running_mean") if use_stats else None,
             _param(owner, module, "running_var") if use_stats else None,
             training, momentum, module.eps))
-    if type(module) is nn.Linear:
-        return Canon("linear", (x, _param(owner, module, "weight"), _param(owner, module, "bias")))
+    return _functional_form(module, owner, x)
+
+
+def _functional_form(module: nn.Module, owner: str | None, x: Any) -> Canon | None:
+    """A torch.nn module as the call of its functional form
+    (:func:`fxopt.analysis.ops.functional_form`), with the module's attributes
+    (``negative_slope``, ``dim``, ``approximate``, ``eps``, ``inplace``, ``weight``...) as
+    the arguments of the same name."""
+    fn = functional_form(type(module))
+    if fn is None:
+        return None
+    names = _python_parameters(fn)[1:]
+    if not names:  # a builtin: the arguments of the ATen op of its name
+        packet = getattr(aten, op_name(fn) or "", None)
+        names = [a.name for o in getattr(packet, "overloads", list)()
+                 for a in getattr(packet, o)._schema.arguments[1:]]
+    kwargs = {}
+    for name in names:
+        if name in module.__dict__.get("_parameters", {}) or name in module.__dict__.get("_buffers", {}):
+            kwargs[name] = _param(owner, module, name)
+        elif name in module.__dict__:
+            kwargs[name] = module.__dict__[name]
+    try:
+        form = canonicalize_call(fn, (x,), kwargs)
+    except ValueError:
+        return None
+    if form is not None and any(isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)
+                                for a in form.args[1:]):
+        return None  # attributes that did not bind to the op's arguments
+    return form
+
+
+# --- binding arguments ----------------------------------------------------------------
+
+def _python_binding(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A torch-level call's arguments as (positional, named), named as the ATen schema names
+    them: ``input`` is ``self``; ``inplace`` and ``_stacklevel`` are not arguments of the op."""
+    # operator.add(a, b) binds by position; a builtin without a signature as written
+    signature = None if getattr(target, "__module__", None) == "_operator" else signature_of(target)
+    try:
+        if signature is None:
+            raise TypeError
+        args, kwargs = (), dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        kwargs = dict(kwargs)
+    if "input" in kwargs:
+        kwargs["self"] = kwargs.pop("input")
+    for name in ("inplace", "_stacklevel"):
+        kwargs.pop(name, None)
+    return args, kwargs
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """An ATen schema as binding needs it, computed once per overload."""
+
+    params: tuple[tuple[str, Any], ...]  # (name, default or _MISSING)
+    hints: tuple[int, ...]  # positions of backend hints
+    input_named: bool  # calls its first argument ``input`` (aten.layer_norm), not ``self``
+
+    def bind(self, args: tuple, kwargs: dict) -> list[Any] | None:
+        if self.input_named and "self" in kwargs:
+            kwargs = {("input" if k == "self" else k): v for k, v in kwargs.items()}
+        bound = _bind(args, kwargs, self.params)
+        if bound is not None:
+            for i in self.hints:
+                bound[i] = None
+        return bound
+
+
+_SCHEMAS: dict[Any, _Schema] = {}
+
+
+def _schema(overload: torch._ops.OpOverload) -> _Schema:
+    found = _SCHEMAS.get(overload)
+    if found is None:
+        arguments = overload._schema.arguments
+        names = [a.name for a in arguments]
+        found = _SCHEMAS[overload] = _Schema(
+            tuple((a.name, a.default_value if a.has_default_value() else _MISSING) for a in arguments),
+            tuple(i for i, n in enumerate(names) if n in _BACKEND_HINTS),
+            "input" in names and "self" not in names)
+    return found
+
+
+_PACKETS: dict[str, tuple[_Schema, ...]] = {}
+
+
+def _packet(name: str) -> tuple[_Schema, ...]:
+    """The schemas of ``aten.<name>``'s overloads a call of that name may mean (mutable
+    ones only for in-place names), in torch's order."""
+    found = _PACKETS.get(name)
+    if found is None:
+        packet = getattr(aten, name, None)
+        overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(
+            packet, torch._ops.OpOverloadPacket) else []
+        found = _PACKETS[name] = tuple(_schema(o) for o in overloads
+                                       if not o._schema.is_mutable or is_inplace_name(name))
+    return found
+
+
+def _aten_binding(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
+    """The arguments bound to the first overload of ``aten.<name>`` they fit (defaults
+    filled in), so that every spelling of the op lists the same arguments."""
+    for schema in _packet(name):
+        bound = schema.bind(args, kwargs)
+        if bound is not None:
+            return bound
     return None
 
 
-# --- the generic fallback -------------------------------------------------------------
+#: arguments that choose a kernel, not a result (``layer_norm(..., cudnn_enable)``): every
+#: spelling reads them as None
+_BACKEND_HINTS = frozenset({"cudnn_enable", "cudnn_enabled"})
 
-def _base_name(target: Any) -> str | None:
+
+def _arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> list[Any]:
+    """The call's arguments in the order of the ATen schema of ``name`` (defaults filled
+    in), so that module, functional, method and ATen spellings list the same arguments;
+    as written (named ones sorted) for ops without a schema."""
     if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.split("::")[-1]
-    return getattr(target, "__name__", None)
-
-
-def _generic(target: Any, args: tuple, kwargs: dict) -> Canon | None:
-    """Ops outside the table: base name, trailing ``_`` meaning in place, and arguments
-    bound to the schema or Python signature so keyword and positional spellings agree."""
-    name = _base_name(target)
-    if not name:
-        return None
-    inplace = name.endswith("_") and not name.startswith("_")
-    if isinstance(target, torch._ops.OpOverload):
-        params = [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                  for a in target._schema.arguments]
-        bound = _bind(args, kwargs, params)
-    else:
-        try:
-            sig = inspect.signature(target)
-            ba = sig.bind(*args, **kwargs)
-            ba.apply_defaults()
-            bound = list(ba.arguments.values())
-        except (TypeError, ValueError):
-            bound = [*args, *sorted(kwargs.items())]
-    if bound is None:
-        return None
-    return Canon(name.rstrip("_") if inplace else name, tuple(bound), inplace)
+        bound = _schema(target).bind(args, kwargs)
+        if bound is not None:
+            return bound
+    positional, named = (args, dict(kwargs)) if method else _python_binding(target, args, kwargs)
+    bound = _aten_binding(base_name(name), positional, named)
+    return bound if bound is not None else [*positional, *sorted(named.items())]
 
 
 def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = False) -> Canon | None:
-    """The canonical form of a call_function (or, with ``method``, call_method) node."""
-    try:
-        entry = _METHODS.get(target) if method else _FUNCTIONS.get(target)
-    except TypeError:  # unhashable target
-        entry = None
-    if entry is not None:
-        _, adapter, inplace = entry
-        kwargs = dict(kwargs) if kwargs else {}
-        position = None if method else _POSITIONAL_INPLACE.get(target)
-        if position is not None and len(args) > position:
-            kwargs["inplace"], args = args[position], args[:position]
-        inplace = inplace or kwargs.get("inplace") is True
-        result = adapter(tuple(args), kwargs)
-        return None if result is None else Canon(result[0], tuple(result[1]), inplace)
-    if method:
-        func = getattr(torch, target, None) if isinstance(target, str) else None
-        if func is None or not callable(func):
-            return Canon(str(target), (*args, *sorted(kwargs.items())), str(target).endswith("_"))
-        return _generic(func, tuple(args), dict(kwargs)) or Canon(target, tuple(args))
+    """The canonical form of a call_function (or, with ``method``, call_method) node: the
+    op-facts model names the op and says whether this spelling writes in place; the
+    arguments are bound to the op's schema (or brought into form by an adapter)."""
     if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
         return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
-    return _generic(target, tuple(args), dict(kwargs))
+    name = op_name(target, method=method)
+    if name is None:
+        return None
+    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
+    inplace = spelled_inplace(None if method else target, name, args, kwargs)
+    base = base_name(name)
+    adapter = _ADAPTERS.get(base)
+    if adapter is not None:
+        adapted = adapter(target, args, kwargs)
+        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
+    return Canon(base, _planned_arguments(target, name, args, kwargs, method), inplace)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Stands for the call's argument ``key`` (a position or a keyword) while a plan is made."""
+
+    key: int | str
+
+
+_PLANS: dict[tuple, tuple | None] = {}
+
+
+def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> tuple:
+    """:func:`_arguments`, through a plan made once per target and argument layout: the
+    binding depends only on how many arguments there are and which keywords, so it is
+    worked out on placeholders (:class:`_Slot`) and then filled in. Layouts whose binding
+    nests the arguments (``*args`` functions, ops without a schema) are bound every time."""
+    try:
+        key = (target, method, len(args), *kwargs)
+        plan = _PLANS[key]
+    except TypeError:  # an unhashable target
+        return tuple(_arguments(target, name, args, kwargs, method))
+    except KeyError:
+        slots = _arguments(target, name, tuple(_Slot(i) for i in range(len(args))),
+                           {k: _Slot(k) for k in kwargs}, method)
+        flat = all(type(v) is _Slot or not _holds_slot(v) for v in slots)
+        plan = _PLANS[key] = tuple(slots) if flat else None
+    if plan is None:
+        return tuple(_arguments(target, name, args, kwargs, method))
+    return tuple((args[v.key] if type(v.key) is int else kwargs[v.key]) if type(v) is _Slot else v
+                 for v in plan)
+
+
+def _holds_slot(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(type(v) is _Slot or _holds_slot(v) for v in value)
+    return isinstance(value, dict) and any(_holds_slot(v) for v in value.values())
 
 
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int, aten.numpy_T.default}
@@ -428,7 +530,7 @@ def canonicalize(node: fx.Node) -> Canon | None:
     if node.op == "call_function":
         if node.target is operator.getitem and node.args[1:] == (0,) and isinstance(node.args[0], fx.Node):
             source = node.args[0]
-            adapter = _BN_TUPLE_OPS.get(source.target) if source.op == "call_function" else None
+            adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
             if adapter is not None:
                 result = adapter(tuple(source.args), dict(source.kwargs))
                 if result is not None:
@@ -453,27 +555,31 @@ def canonicalize(node: fx.Node) -> Canon | None:
 def quick_op(node: fx.Node) -> str | None:
     """The canonical op name of ``node`` without binding its arguments: the cheap key the
     matcher indexes anchors by (the full canonical form is computed only for candidates)."""
-    if node.op == "call_module" or node.op == "call_function" and _spans(node.target):
+    if node.op == "call_module" or node.op == "call_function" and (
+            _spans(node.target) or isinstance(node.target, CalledModule)):
         canon = canonicalize(node)
-        if canon is not None:
-            return canon.op
-    if node.op == "call_function":
-        try:
-            entry = _FUNCTIONS.get(node.target)
-        except TypeError:
-            return None
-        if entry is not None:
-            return entry[0]
-        if isinstance(node.target, CalledModule):
-            canon = canonicalize(node)
-            return canon.op if canon else None
-        name = _base_name(node.target)
-        return name.rstrip("_") if name and name.endswith("_") and not name.startswith("_") else name
-    if node.op == "call_method":
-        if node.target in _METHODS:
-            return _METHODS[node.target][0]
-        return node.target.rstrip("_") if node.target.endswith("_") else node.target
-    return None
+        return None if canon is None else canon.op
+    if node.op not in ("call_function", "call_method"):
+        return None
+    key = (node.target, node.op == "call_method")
+    try:
+        return _QUICK[key]
+    except KeyError:
+        found = _QUICK[key] = _op_of(*key)
+        return found
+    except TypeError:  # an unhashable target
+        return _op_of(*key)
+
+
+_QUICK: dict[tuple[Any, bool], str | None] = {}
+
+
+def _op_of(target: Any, method: bool) -> str | None:
+    name = op_name(target, method=method)
+    if name is None:
+        return None
+    base = base_name(name)
+    return _ADAPTED_OP.get(base, base)
 
 
 #: targets whose canonical op depends on their inputs (a getitem of a batch norm is one)

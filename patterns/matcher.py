@@ -9,11 +9,19 @@ overlaps resolve the same way every run). A structural match is then checked:
   so the rewrite can remove them;
 - an in-place spelling is accepted only where its write is invisible: it writes into an
   interior node, or into a fresh tensor used by nothing else;
-- no in-place write outside the match falls between the matched nodes (the replacement
-  reads its inputs at the anchor, later than the original did);
-- extra outputs have no users before the anchor (the replacement is inserted at the
-  anchor; nodes are never reordered, so a rewrite can never create a cycle);
-- the rule's constraints hold.
+- an in-place pattern (``t.add_(1)``) matches only in-place spellings, and the
+  replacement writes into what the matched code wrote into, nothing more, unless that
+  tensor is invisible outside the match (never a graph input, parameter or anything
+  the caller can see);
+- the replacement is inserted right after its latest input, unless a node that writes,
+  draws random numbers or is unknown lies between there and the last matched node; then
+  it is inserted before the last matched node, no in-place write may fall between the
+  matched nodes and no output may be used before that node (nodes are never reordered,
+  so a rewrite can never create a cycle);
+- interior nodes have no users outside the match but reads of their metadata that a
+  same-shaped output can answer (``assert x.ndim == 4`` on a conv output that a folded
+  conv replaces);
+- the rule's constraints and its per-match callback accept it.
 
 Every failure is phrased for :func:`fxopt.patterns.explain`.
 """
@@ -21,27 +29,32 @@ Every failure is phrased for :func:`fxopt.patterns.explain`.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
-from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
+from fxopt.patterns.canon import Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.ops import is_barrier
+from fxopt.analysis.ops import (
+    is_barrier,
+    is_commutative,
+    is_pure,
+    is_random,
+    mutated_inputs,
+    only_checks,
+    output_aliases,
+    reads_only_metadata,
+)
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule
 
 State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
-
-#: canonical ops that always return a new tensor (never a view of an input)
-FRESH_OPS = frozenset({"relu", "hardtanh", "add", "sub", "mul", "convolution", "batch_norm",
-                       "linear", "add_relu", "conv_bias_relu", "conv_bias_add_relu", "linear_relu"})
-
 
 @dataclass
 class Match:
@@ -57,10 +70,20 @@ class Match:
     pattern: CompiledPattern
     nodes: dict[fx.Node, fx.Node]
     bindings: dict[str, Any]
+    #: the last matched node in graph order: the replacement is inserted before it
+    insert_at: fx.Node | None = None
+    #: what replaces it (set once the match is accepted)
+    replacement: Any = None
 
     @property
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
+
+    @functools.cached_property
+    def body(self) -> list[fx.Node]:
+        """The matched computation (what the rewrite removes), without the ``get_attr``
+        nodes a pattern's attributes matched."""
+        return [g for p, g in self.nodes.items() if p in self.pattern.canon]
 
     @property
     def outputs(self) -> list[fx.Node]:
@@ -72,6 +95,14 @@ class Match:
     def node(self, name: str) -> fx.Node | None:
         value = self.bindings[name]
         return value if isinstance(value, fx.Node) else None
+
+    def module(self, name: str) -> torch.nn.Module | None:
+        """The module that the graph node matched to pattern node ``name`` calls (an
+        ``nn.GELU()`` in the pattern met ``self.act``), or None."""
+        for p, g in self.nodes.items():
+            if p.name == name and g.op == "call_module":
+                return self.gm.get_submodule(g.target)
+        return None
 
     def value(self, name: str) -> Any:
         """The bound tensor (fake for graph nodes, real for module parameters) or literal;
@@ -148,7 +179,25 @@ class StructuralMatcher:
 
     def match(self, anchor: fx.Node) -> State | None:
         self.failure = Failure()
-        return next(self._node(self.pattern.anchor, anchor, ({}, {})), None)
+        states = self._node(self.pattern.anchor, anchor, ({}, {}))
+        for output, known in self.pattern.extras:
+            states = self._extra(output, known, states)
+        return next(states, None)
+
+    def _extra(self, output: fx.Node, known: fx.Node, states: Iterator[State]) -> Iterator[State]:
+        """Extend each state with a match of ``output``, searched among the users of
+        what its input ``known`` matched."""
+        for nodes, binds in states:
+            if output in nodes:
+                yield nodes, binds
+                continue
+            image = binds.get(known.target) if known.op == "placeholder" else nodes.get(known)
+            if not isinstance(image, fx.Node):
+                self.failure.note(len(nodes), f"output {output.name!r}: its input {known.name!r} "
+                                              f"matched {_describe(image)}, which has no users to search")
+                continue
+            for user in list(image.users):
+                yield from self._node(output, user, (nodes, binds))
 
     def _node(self, p: fx.Node, g: Any, state: State) -> Iterator[State]:
         nodes, binds = state
@@ -159,6 +208,12 @@ class StructuralMatcher:
                                               f"but here it would be {_describe(g)}")
                 return
             yield nodes, {**binds, name: g}
+            return
+        if p.op == "get_attr":  # a pattern module's tensor attribute: any attribute
+            if isinstance(g, fx.Node) and g.op == "get_attr":
+                yield {**nodes, p: g}, binds
+            else:
+                self.failure.note(len(nodes), f"pattern attribute {p.target!r} met {_describe(g)}")
             return
         want = self.pattern.canon[p]
         if not isinstance(g, fx.Node):
@@ -178,12 +233,16 @@ class StructuralMatcher:
             self.failure.note(len(nodes), f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
                                           f"`{have.op if have else g.op + ' ' + str(g.target)}`")
             return
+        if want.inplace and not have.inplace:
+            self.failure.note(len(nodes), f"pattern node {p.name!r} writes in place, node {g.name!r} "
+                                          "does not")
+            return
         if len(have.args) != len(want.args):
             self.failure.note(len(nodes), f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
             return
         nodes = {**nodes, p: g}
         orders = [have.args]
-        if want.op in COMMUTATIVE and len(have.args) >= 2:
+        if is_commutative(want.op) and len(have.args) >= 2:
             orders.append((have.args[1], have.args[0], *have.args[2:]))
         for args in orders:
             yield from self._args(want.args, args, 0, (nodes, binds), g)
@@ -238,15 +297,17 @@ class StructuralMatcher:
 
 # --- soundness ------------------------------------------------------------------------
 
-def _is_fresh(node: fx.Node, canon: Canon | None) -> bool:
-    """Whether ``node`` holds a tensor no other value aliases (it was computed, not viewed)."""
+def _is_fresh(node: fx.Node) -> bool:
+    """Whether ``node`` holds a tensor no other value aliases (it was computed, not viewed):
+    by storage where fake values exist, else by the op facts (an unknown op may return
+    any of its inputs)."""
     if node.op not in ("call_function", "call_method", "call_module"):
         return False
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         mine = storages_of(val)
         return not any(mine & storages_of(i.meta.get("val")) for i in node.all_input_nodes)
-    return canon is not None and canon.op in FRESH_OPS and not canon.inplace
+    return not output_aliases(node) and not mutated_inputs(node)
 
 
 def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Node],
@@ -256,80 +317,171 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
     inside the match (``relu_`` of ``y += z``) is the storage of the tensor *it* wrote
     into, so the check follows the chain of writes down to the tensor that owns it."""
     while isinstance(written, fx.Node):
-        if not (written in matched and written not in outputs or len(written.users) == 1):
+        if not (written in matched and written not in outputs or set(written.users) <= matched):
             return False
-        form = matcher.canon(written)
-        if written not in matched or form is None or not form.inplace:
-            return _is_fresh(written, form)
+        form = matcher.canon(written) if written in matched else None
+        if form is None or not form.inplace:
+            return _is_fresh(written)
         written = form.args[0]
     return False
+
+
+def _blocks_move(node: fx.Node) -> bool:
+    """Computation may not move across ``node``: it writes, is unknown, a collective,
+    stateful, or draws random numbers (a random replacement would change the stream); a
+    check (``torch._assert``) only raises, which moving pure code across cannot change."""
+    return (is_barrier(node) or is_random(node)) and not only_checks(node)
 
 
 @dataclass
 class SweepState:
     """Facts about the graph for one sweep: node positions (new nodes get fractions below
-    their anchor's) and, computed only if a match spans many nodes, where the barriers are."""
+    their insertion point's) and, computed only if a match spans many nodes, where the
+    nodes that block a rewrite are."""
 
     positions: dict[fx.Node, float]
-    barriers: list[float] | None = None
+    blockers: dict[Callable[[fx.Node], bool], list[float]] = field(default_factory=dict)
 
-    #: matches spanning at most this many nodes are checked by walking the span
+    #: spans of at most this many nodes are checked by walking them
     WALK_LIMIT = 64
 
-    def barrier_between(self, gm: fx.GraphModule, first: fx.Node, anchor: fx.Node,
-                        matched: set[fx.Node]) -> bool:
-        """Whether a node outside ``matched`` that nothing may move across (an in-place
-        write, a collective, an unknown op: :func:`fxopt.analysis.ops.is_barrier`) runs
-        between ``first`` and ``anchor``: the rewrite computes the match at the anchor."""
-        node, steps = first.next, 0
-        while node is not anchor and steps < self.WALK_LIMIT:
-            if node not in matched and is_barrier(node):
+    def blocked(self, gm: fx.GraphModule, start: fx.Node, stop: fx.Node, matched: set[fx.Node],
+                blocks: Callable[[fx.Node], bool]) -> bool:
+        """Whether a node outside ``matched``, from ``start`` up to ``stop`` (excluded),
+        is one that ``blocks``."""
+        node, steps = start, 0
+        while node is not stop and steps < self.WALK_LIMIT:
+            if node not in matched and blocks(node):
                 return True
             node, steps = node.next, steps + 1
-        if node is anchor:
+        if node is stop:
             return False
-        if self.barriers is None:  # a long span: index the barriers once for this sweep
-            self.barriers = sorted(self.positions[n] for n in gm.graph.nodes
-                                   if n in self.positions and is_barrier(n))
-        lo = bisect.bisect_right(self.barriers, self.positions[first])
-        hi = bisect.bisect_left(self.barriers, self.positions[anchor])
+        if blocks not in self.blockers:  # a long span: index the blockers once for this sweep
+            self.blockers[blocks] = sorted(self.positions[n] for n in gm.graph.nodes
+                                           if n in self.positions and blocks(n))
+        index = self.blockers[blocks]
+        lo = bisect.bisect_left(index, self.positions[start])
+        hi = bisect.bisect_left(index, self.positions[stop])
         inside = {self.positions[g] for g in matched if g in self.positions}
-        return any(w not in inside for w in self.barriers[lo:hi])
+        return any(w not in inside for w in index[lo:hi])
+
+
+def _earliest_point(m: Match, first: fx.Node, positions: dict[fx.Node, float]) -> fx.Node:
+    """The earliest node before which the replacement can run: right after its latest
+    input (attributes excepted: they are read again where needed), or before the first
+    matched node."""
+    inputs = [b for b in m.bindings.values() if isinstance(b, fx.Node) and b.op != "get_attr"]
+    latest = max(inputs, key=positions.__getitem__, default=None)
+    if latest is None or positions[latest] < positions[first]:
+        return first
+    return latest.next
+
+
+def dead_uses(node: fx.Node, keep: fx.Node, limit: int = 8) -> list[fx.Node] | None:
+    """The nodes that use ``node``, directly or not, other than ``keep``, when all of them
+    are pure and nothing uses their results in the end (the unused statistics a decomposed
+    ``native_group_norm`` returns, and their ``detach``); None when one is live."""
+    found: list[fx.Node] = []
+    stack = [u for u in node.users if u is not keep]
+    while stack:
+        u = stack.pop()
+        if len(found) == limit or not is_pure(u):
+            return None
+        found.append(u)
+        stack.extend(u.users)
+    return found
 
 
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
-    """The reason ``m`` must not be rewritten, or None if it is sound."""
+    """The reason ``m`` must not be rewritten, or None if it is sound. Sets
+    ``m.insert_at``: as early as the inputs allow when nothing that blocks a move lies in
+    between (then no user of an output can come before it), else the last matched node."""
     forms = matcher.cache  # every matched node was canonicalized while matching
-    anchor = m.anchor
     outputs = set(m.outputs)
-    matched = set(m.nodes.values())
-    for g in list(matched):
+    body = m.body
+    matched = set(body)
+    for g in body:
         for extra in forms[g].interior:
-            live = [u for u in extra.users if u is not g and u.users]
-            if live:
-                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live[0].name!r}"
+            dead = dead_uses(extra, g)
+            if dead is None:
+                live = next(u for u in extra.users if u is not g)
+                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live.name!r}"
             matched.add(extra)
-    first = anchor
+            matched.update(dead)
     positions = sweep.positions
+    first = min(body, key=positions.__getitem__)
+    last = max(body, key=positions.__getitem__)
+    early = _earliest_point(m, first, positions)
+    if early is not last and not sweep.blocked(m.gm, early, last, matched, _blocks_move):
+        m.insert_at = early
+        why = None
+    else:
+        m.insert_at = last
+        why = _early_users(outputs, matched, last, positions)
+        if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_move):
+            why = ("an in-place write, collective, random or unknown op outside the match runs between "
+                   "the matched nodes; the rewrite would move computation across it")
+    why = why or _outside_users(m, matched, outputs, positions) or _written_outside(m, matched, outputs, matcher)
+    if why:
+        return why
+    why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
+    if why:
+        return why
+    m.replacement = rule.replacement_of(m)
+    return _replacement_writes(m, matched, outputs, matcher)
+
+
+def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
+                   positions: dict[fx.Node, float]) -> str | None:
+    """Interior nodes have no users outside the match, except reads of their metadata
+    (``x.ndim``, ``x.shape[0]``) after the insertion point where an output has the same
+    metadata (the rewrite points them at it)."""
+    after = positions[m.insert_at]
     for p, g in m.nodes.items():
-        if positions[g] < positions[first]:
-            first = g
-        if g not in outputs:
-            for u in g.users:
-                if u not in matched:
-                    return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
-                            "match; the rewrite would have to keep it (return it from the pattern to allow that)")
-        form = forms[g]
-        if form.inplace and not _write_is_invisible(form.args[0], matched, outputs, matcher):
+        if g in outputs or p not in m.pattern.canon:
+            continue
+        for u in g.users:
+            if u in matched or (p in m.pattern.meta_twins and reads_only_metadata(u)
+                                and u.args[:1] == (g,) and positions.get(u, after) > after):
+                continue
+            if u not in matched:
+                return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
+                        "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+    return None
+
+
+def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
+                     matcher: StructuralMatcher) -> str | None:
+    """A graph node that writes in place where the pattern does not must write invisibly."""
+    for p, g in m.nodes.items():
+        form = matcher.cache.get(g)
+        want = m.pattern.canon.get(p)
+        if form is not None and want is not None and form.inplace and not want.inplace and \
+                not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")
-    if first is not anchor and sweep.barrier_between(m.gm, first, anchor, matched):
-        return ("an in-place write, collective or unknown op outside the match runs between the "
-                "matched nodes; the rewrite would move computation across it")
-    anchor_pos = positions[anchor]
-    for out in outputs - {anchor}:
-        early = [u for u in out.users if u not in matched and positions.get(u, anchor_pos + 1) < anchor_pos]
+    return None
+
+
+def _replacement_writes(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
+                        matcher: StructuralMatcher) -> str | None:
+    """What the replacement writes in place must be what the pattern writes, or invisible."""
+    pattern_writes, replacement_writes = m.pattern.writes, m.replacement.writes
+    for name in pattern_writes ^ replacement_writes:
+        bound = m.bindings.get(name)
+        if not _write_is_invisible(bound, matched, outputs, matcher):
+            verb = "would write into" if name in replacement_writes else "drops the write into"
+            return (f"the replacement {verb} argument {name!r} ({_describe(bound)}), which is visible "
+                    "outside the match (a graph input, a parameter or a value used elsewhere)")
+    return None
+
+
+def _early_users(outputs: set[fx.Node], matched: set[fx.Node], last: fx.Node,
+                 positions: dict[fx.Node, float]) -> str | None:
+    last_pos = positions[last]
+    for out in outputs - {last}:
+        early = [u for u in out.users if u not in matched and positions.get(u, last_pos + 1) < last_pos]
         if early:
-            return (f"output {out.name!r} is used by {early[0].name!r} before the anchor {anchor.name!r}; "
-                    "fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
-    return rule.check_constraints(m) if rule.constraints or rule.where else None
+            return (f"output {out.name!r} is used by {early[0].name!r} before the last matched node "
+                    f"{last.name!r}; fxopt does not reorder nodes (that is what keeps rewrites acyclic)")
+    return None

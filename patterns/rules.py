@@ -16,6 +16,7 @@ inputs' fake values) and record the nodes they replace (:mod:`fxopt.provenance`)
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,22 +24,26 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
+import torch.nn as nn
 from fxopt.patterns.canon import Canon, ParamRef, quick_op
-from fxopt.patterns.matcher import Match, StructuralMatcher, SweepState, check_match, value_of
+from fxopt.patterns.matcher import Match, StructuralMatcher, SweepState, check_match, dead_uses
+from fxopt.patterns.meta import propagate_meta
 from fxopt.patterns.pattern import (
     CompiledPattern,
     CompiledReplacement,
+    PatternSource,
     compile_pattern,
     compile_replacement,
+    lookup_attr,
 )
-from torch._subclasses.fake_tensor import FakeTensor
 
-from fxopt.analysis.shapes import record_value
-from fxopt.errors import AnalysisError, PatternError
+from fxopt.errors import AnalysisError, PatternError, RuleError
 from fxopt.graph_utils import drop_unused_attributes
 from fxopt.pass_protocol import Pass, PassResult
+from fxopt.pipeline import Conditional, SequencePass
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
+from fxopt.snapshot import GraphSnapshot, ModuleState
 
 Constraint = Callable[[Any], bool]
 
@@ -49,30 +54,56 @@ class Rule:
 
     ``constraints`` map a pattern argument to a predicate over its value
     (:meth:`Match.value`: a tensor, fake for graph nodes, or a literal); ``where``
-    predicates receive the whole :class:`Match`.
+    predicates receive the whole :class:`Match`; ``callback`` sees every structurally
+    sound match (its nodes, captured literals and modules: ``m.nodes``, ``m["arg"]``,
+    ``m.module("arg")``) and vetoes it by returning False.
     """
 
     pattern: CompiledPattern
-    replacement: CompiledReplacement
+    replacement: CompiledReplacement | None
     name: str
     constraints: dict[str, Constraint] = field(default_factory=dict)
     where: tuple[Callable[[Match], bool], ...] = ()
+    callback: Callable[[Match], bool | None] | None = None
+    #: a replacement chosen per match (torch.fx's ``replacement_callback``)
+    replacement_for: Callable[[Match], CompiledReplacement] | None = None
+
+    def replacement_of(self, m: Match) -> CompiledReplacement:
+        """The replacement for ``m``, once it passed the constraints."""
+        if self.replacement_for is None:
+            return self.replacement
+        try:
+            return self.replacement_for(m)
+        except PatternError:
+            raise
+        except Exception as exc:
+            raise RuleError(self.name, f"replacement callback raised {type(exc).__name__}: {exc}") from exc
 
     @property
     def anchor_op(self) -> str:
         return self.pattern.canon[self.pattern.anchor].op
 
     def check_constraints(self, m: Match) -> str | None:
+        """Why the constraints or the callback refuse ``m`` (None if they accept it). A
+        predicate that raises is the rule's error, reported with the rule and argument."""
         for name, predicate in self.constraints.items():
             value = m.value(name)
-            if not predicate(value):
+            if not self._ask(predicate, value, f"constraint {_name(predicate)} on argument {name!r}"):
                 shown = "a node without meta['val'] (no shapes: pass example_inputs)" if isinstance(
                     value, fx.Node) else _short(value)
                 return f"constraint {_name(predicate)} on argument {name!r} failed for {shown}"
         for predicate in self.where:
-            if not predicate(m):
+            if not self._ask(predicate, m, f"constraint {_name(predicate)}"):
                 return f"constraint {_name(predicate)} failed"
+        if self.callback is not None and self._ask(self.callback, m, "callback") is False:
+            return f"callback {_name(self.callback)} vetoed the match"
         return None
+
+    def _ask(self, predicate: Callable[[Any], Any], value: Any, what: str) -> Any:
+        try:
+            return predicate(value)
+        except Exception as exc:
+            raise RuleError(self.name, f"{what} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _name(fn: Callable) -> str:
@@ -85,8 +116,9 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def rule(pattern: Callable, replacement: Callable, *, name: str | None = None,
+def rule(pattern: PatternSource, replacement: PatternSource, *, name: str | None = None,
          where: Callable[[Match], bool] | Sequence[Callable[[Match], bool]] = (),
+         callback: Callable[[Match], bool | None] | None = None,
          **constraints: Constraint) -> Rule:
     """Create a rule: both functions are traced and checked now, once.
 
@@ -102,154 +134,256 @@ def rule(pattern: Callable, replacement: Callable, *, name: str | None = None,
             raise PatternError(f"constraint on {key!r}: pattern {compiled.signature} has no such argument")
     where_tuple = (where,) if callable(where) else tuple(where)
     return Rule(compiled, replacement_graph, name or getattr(pattern, "__name__", "rule"),
-                dict(constraints), where_tuple)
+                dict(constraints), where_tuple, callback)
+
+
+@dataclass
+class Rewrite:
+    """One rewrite: the rule, the match it rewrote (pattern node -> graph node, bindings)
+    and the nodes the replacement added, in graph order."""
+
+    rule: str
+    match: Match
+    replacements: list[fx.Node]
+
+    def summary(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """(rule, matched node names, new node names): what a report keeps."""
+        return (self.rule, tuple(n.name for n in self.match.body),
+                tuple(n.name for n in self.replacements))
 
 
 # --- applying rules ----------------------------------------------------------------------
 
 def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None = None,
-                max_rounds: int = 8) -> dict[str, int]:
+                max_rounds: int = 8, records: list[Rewrite] | None = None, *,
+                keep_existing_attrs: bool = False) -> dict[str, int]:
     """Rewrite every sound match of ``rules`` in ``gm``; return the number of rewrites per
-    rule. Does not recompile ``gm`` (the PassManager does; :func:`replace` does)."""
+    rule, and append a :class:`Rewrite` per rewrite to ``records`` if given. Does not
+    recompile ``gm`` (the PassManager does; :func:`replace` does)."""
     index: dict[str, list[Rule]] = {}
     for r in sorted(rules, key=lambda r: -len(r.pattern)):  # stable: ties keep the given order
         index.setdefault(r.anchor_op, []).append(r)
     counts = dict.fromkeys((r.name for r in rules), 0)
+    writer = _Writer(gm, pass_name, records, keep_existing_attrs)
     # a rewrite allocates a few objects per node but frees no cycles: the collector's full
     # passes over a large graph would otherwise cost more than the matching itself
     collecting = gc.isenabled()
     gc.disable()
-    made_by: dict[fx.Node, Rule] = {}  # a rule never anchors at its own output (no loops)
     try:
         for _ in range(max_rounds):
-            if not _sweep(gm, index, counts, pass_name, made_by):
+            if not _sweep(gm, index, counts, writer):
                 break
     finally:
         if collecting:
             gc.enable()
+    writer.remove_dead_attributes()
     return counts
 
 
 def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, int],
-           pass_name: str | None, made_by: dict[fx.Node, Rule]) -> bool:
+           writer: _Writer) -> bool:
     """One forward pass over the graph; True if another could find more (a rewrite created
     a node some rule anchors at, or a match was refused before a later rewrite, which may
     have removed the reason)."""
     nodes = list(gm.graph.nodes)
-    sweep = SweepState({n: float(i) for i, n in enumerate(nodes)})
-    cache: dict[fx.Node, Canon | None] = {}
-    matchers = {id(r): StructuralMatcher(r.pattern, cache) for rules in index.values() for r in rules}
-    erased: set[fx.Node] = set()
-    attrs: dict[str, fx.Node] = {}
+    writer.start_sweep(nodes)
+    matchers = {id(r): StructuralMatcher(r.pattern, writer.cache) for rules in index.values() for r in rules}
     refused = again = False
     for node in nodes:
-        if node in erased:
+        if node in writer.erased:
             continue
         candidates = index.get(quick_op(node))
         if not candidates:
             continue
         for r in candidates:
-            if made_by.get(node) is r:
+            if writer.made_by.get(node) is r:  # a rule never anchors at its own output (no loops)
                 continue
             matcher = matchers[id(r)]
             state = matcher.match(node)
             if state is None:
                 continue
             m = Match(gm, r.pattern, *state)
-            if check_match(m, r, matcher, sweep) is not None:
+            if check_match(m, r, matcher, writer.sweep) is not None:
                 refused = True
                 continue
-            created, gone = rewrite(m, r, sweep, cache, attrs, pass_name or r.name)
-            erased |= gone
+            created = writer.rewrite(m, r)
             counts[r.name] += 1
-            for new in created:
-                made_by[new] = r
             again = again or refused or any(quick_op(n) in index for n in created)
             break
     return again
 
 
-def rewrite(m: Match, r: Rule, sweep: SweepState, cache: dict[fx.Node, Canon | None],
-            attrs: dict[str, fx.Node], pass_name: str) -> tuple[list[fx.Node], set[fx.Node]]:
-    """Inline ``r``'s replacement at the anchor of ``m``, reroute the outputs' users, erase
-    the matched nodes; return the created and the erased nodes."""
-    graph = m.anchor.graph
-    anchor = m.anchor
-    env: dict[fx.Node, Any] = {}
-    created: list[fx.Node] = []
-    outputs: Any = None
-    lookup = env.__getitem__
-    with graph.inserting_before(anchor):
-        for rn in r.replacement.holes:
-            bound = m.bindings[rn.target]
-            if isinstance(bound, ParamRef):
-                getter = attrs.get(bound.target)
-                if getter is None:
-                    getter = attrs[bound.target] = graph.get_attr(bound.target)
-                    created.append(getter)
-                bound = getter
-            env[rn] = bound
-        for rn in r.replacement.body:
-            # plain tuple/dict: fx's immutable containers send create_node down a slow path
-            args = tuple(fx.map_arg(rn.args, lookup))
-            kwargs = dict(fx.map_arg(rn.kwargs, lookup)) if rn.kwargs else {}
-            new = env[rn] = graph.create_node(rn.op, rn.target, args, kwargs, rn.name)
-            created.append(new)
-    outputs = fx.map_arg(r.replacement.output, lookup)
-    new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    replaced = list(m.nodes.values())
-    if "val" in anchor.meta:
-        _propagate_meta(m.gm, created)
-    for new in created:
-        sweep.positions[new] = sweep.positions[anchor] - 0.5
-        if new.op != "get_attr":
-            record_replacement(new, replaced, pass_name)
-    for old, new in zip(m.outputs, new_outputs):
-        for user in old.users:
-            cache.pop(user, None)
-        old.replace_all_uses_with(new)
-    erased: set[fx.Node] = set()
-    positions = sweep.positions
-    for g in sorted(replaced, key=positions.__getitem__, reverse=True):
-        extras = list(cache[g].interior) if cache.get(g) else []
-        if not g.users:
-            graph.erase_node(g)
-            erased.add(g)
-        for extra in extras:
-            for dead in [u for u in extra.users if not u.users]:
-                graph.erase_node(dead)
-                erased.add(dead)
-            if not extra.users:
-                graph.erase_node(extra)
-                erased.add(extra)
-        cache.pop(g, None)
-    return created, erased
+class _Writer:
+    """Inlines replacements into one graph: keeps the sweep's positions and canonical-form
+    cache current, installs the attributes replacements use, records rewrites."""
 
+    def __init__(self, gm: fx.GraphModule, pass_name: str | None, records: list[Rewrite] | None,
+                 keep_existing_attrs: bool):
+        self.gm, self.pass_name, self.records = gm, pass_name, records
+        #: torch.fx's rule: an attribute the module already has wins over the replacement's
+        self.keep_existing_attrs = keep_existing_attrs
+        self.cache: dict[fx.Node, Canon | None] = {}
+        self.made_by: dict[fx.Node, Rule] = {}
+        self.erased: set[fx.Node] = set()
+        self.getters: dict[str, fx.Node] = {}  # ParamRef target -> its get_attr node
+        self.installed: dict[tuple[int, str], str] = {}  # (replacement root, target) -> name in gm
+        self.added: set[str] = set()  # attributes copied in from replacements
+        self.released: set[str] = set()  # targets of erased get_attr / call_module nodes
+        self.sweep = SweepState({})
 
-def _propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
-    """Give new nodes ``meta['val']`` for the real shapes: run them on the fake values of
-    their inputs (skipped when the graph carries no fake values)."""
-    inputs = [i for n in created for i in n.all_input_nodes if i not in created]
-    vals = [i.meta.get("val") for i in inputs]
-    mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
-    if mode is None:
-        return
-    try:
-        with mode, torch.no_grad():
-            for node in created:
-                if node.op == "get_attr":
-                    record_value(node, mode.from_tensor(value_of(gm, ParamRef(node.target)), static_shapes=True))
+    def start_sweep(self, nodes: list[fx.Node]) -> None:
+        self.sweep = SweepState({n: float(i) for i, n in enumerate(nodes)})
+        self.cache.clear()
+        self.erased.clear()
+        self.getters.clear()
+
+    def rewrite(self, m: Match, r: Rule) -> list[fx.Node]:
+        """Inline ``r``'s replacement before the last matched node, reroute the outputs'
+        users, erase the matched nodes; return the created nodes."""
+        graph, at = self.gm.graph, m.insert_at
+        rep = m.replacement
+        env: dict[fx.Node, Any] = {}
+        created: list[fx.Node] = []
+        lookup = env.__getitem__
+        with graph.inserting_before(at):
+            for rn in rep.holes:
+                env[rn] = self._bound(m.bindings[rep.binding[rn]], at, created)
+            for rn in rep.body:
+                target = self._install(rep, rn.target) if rn.op in ("get_attr", "call_module") else rn.target
+                # plain tuple/dict: fx's immutable containers send create_node down a slow path
+                args = tuple(fx.map_arg(rn.args, lookup))
+                kwargs = dict(fx.map_arg(rn.kwargs, lookup)) if rn.kwargs else {}
+                new = env[rn] = graph.create_node(rn.op, target, args, kwargs, rn.name)
+                if "val" in rn.meta:  # annotated on a replacement graph: kept if still valid
+                    new.meta["val"] = rn.meta["val"]
+                created.append(new)
+        outputs = fx.map_arg(rep.output, lookup)
+        new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        propagate_meta(self.gm, created)
+        position = self.sweep.positions[at] - 0.5
+        for new in created:
+            self.sweep.positions[new] = position
+            self.made_by[new] = r
+            if new.op != "get_attr":
+                record_replacement(new, m.body, self.pass_name or r.name)
+        for old, new in zip(m.outputs, new_outputs):
+            for user in old.users:
+                self.cache.pop(user, None)
+            old.replace_all_uses_with(new)
+        new_of = dict(zip(m.pattern.outputs, new_outputs))
+        for p, out in m.pattern.meta_twins.items():  # metadata reads of removed nodes
+            m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in m.nodes.values())
+        self._erase(m)
+        if self.records is not None:
+            self.records.append(Rewrite(r.name, m, created))
+        return created
+
+    def _bound(self, bound: Any, at: fx.Node, created: list[fx.Node]) -> Any:
+        """What a replacement argument stands for at ``at``: a module parameter, or an
+        attribute read later than ``at``, becomes a get_attr node there (one per sweep
+        and target while it stays early enough)."""
+        if isinstance(bound, fx.Node) and bound.op == "get_attr":
+            if self.sweep.positions.get(bound, 0.0) < self.sweep.positions[at]:
+                return bound
+            bound = ParamRef(bound.target)
+        if not isinstance(bound, ParamRef):
+            return bound
+        getter = self.getters.get(bound.target)
+        if getter is None or self.sweep.positions[getter] >= self.sweep.positions[at]:
+            getter = self.getters[bound.target] = self.gm.graph.get_attr(bound.target)
+            created.append(getter)
+            self.sweep.positions[getter] = self.sweep.positions[at] - 0.5
+        return getter
+
+    def _install(self, rep: CompiledReplacement, target: str) -> str:
+        """The name under which the replacement's attribute ``target`` lives in the module:
+        copied in once, under its own name when free, else a numbered variant (or, the
+        torch.fx way, the module's own attribute of that name is used)."""
+        key = (id(rep.root), target)
+        if key in self.installed:
+            return self.installed[key]
+        value = None if rep.root is None else lookup_attr(rep.root, target)
+        existing = lookup_attr(self.gm, target)
+        if value is None:  # a raw graph's attribute, or one the module provides (torch.fx's rule)
+            return target
+        name = target
+        if existing is None or (existing is not value and not self.keep_existing_attrs):
+            name = _free_name(self.gm, target) if existing is not None else target
+            _set_attr(self.gm, name, copy.deepcopy(value))
+            self.added.add(name)
+        self.installed[key] = name
+        return name
+
+    def _erase(self, m: Match) -> None:
+        """Erase the matched nodes and the nodes that belong to them (``interior``: the
+        pieces of a canonical form, e.g. a module's parameter reads), each once it has no
+        users; nodes still used outside the match (an output, a shared attribute) stay."""
+        graph, cache, erased = self.gm.graph, self.cache, self.erased
+        pending = list(m.nodes.values())
+        progress = True
+        while pending and progress:
+            progress, left = False, []
+            for g in pending:  # grows while it runs: a node's interior follows it
+                if g in erased:
                     continue
-                args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: a.meta["val"])
-                if node.op == "call_method":
-                    value = getattr(args[0], node.target)(*args[1:], **kwargs)
-                else:
-                    value = node.target(*args, **kwargs)
-                record_value(node, value)
-    except Exception:  # an input without meta, an op fake tensors cannot run: leave it unknown
-        for node in created:
-            node.meta.pop("val", None)
-            node.meta.pop("tensor_meta", None)
+                if g.users:
+                    left.append(g)
+                    continue
+                form = cache.pop(g, None)
+                self._attr_use(g)
+                graph.erase_node(g)
+                erased.add(g)
+                progress = True
+                for extra in form.interior if form is not None else ():
+                    pending.append(extra)
+                    pending.extend(dead_uses(extra, g) or ())
+            pending = left
+
+    def _attr_use(self, node: fx.Node) -> None:
+        if node.op in ("get_attr", "call_module"):
+            self.released.add(node.target)
+
+    def remove_dead_attributes(self) -> None:
+        """Delete attributes a rewrite added, and submodules matched nodes called, that no
+        node uses any more."""
+        candidates = (self.added | {t for t in self.released if isinstance(lookup_attr(self.gm, t), nn.Module)})
+        if not candidates:
+            return
+        used = {n.target for n in self.gm.graph.nodes if n.op in ("get_attr", "call_module")}
+        for target in candidates - used:
+            if not any(u.startswith(target + ".") for u in used):
+                _del_attr(self.gm, target)
+
+
+def _free_name(gm: nn.Module, target: str) -> str:
+    i = 1
+    while lookup_attr(gm, f"{target}_{i}") is not None:
+        i += 1
+    return f"{target}_{i}"
+
+
+def _set_attr(root: nn.Module, target: str, value: Any) -> None:
+    *path, attr = target.split(".")
+    owner = root
+    for part in path:
+        if not hasattr(owner, part):
+            owner.add_module(part, nn.Module())
+        owner = getattr(owner, part)
+    if isinstance(value, nn.Module):
+        owner.add_module(attr, value)
+    elif isinstance(value, nn.Parameter):
+        owner.register_parameter(attr, value)
+    elif isinstance(value, torch.Tensor):
+        owner.register_buffer(attr, value)
+    else:
+        setattr(owner, attr, value)
+
+
+def _del_attr(root: nn.Module, target: str) -> None:
+    module_path, _, attr = target.rpartition(".")
+    owner = lookup_attr(root, module_path) if module_path else root
+    if isinstance(owner, nn.Module) and lookup_attr(owner, attr) is not None:
+        delattr(owner, attr)
 
 
 # --- one-shot use, explanations, passes --------------------------------------------------
@@ -269,10 +403,26 @@ def replace(gm: fx.GraphModule, pattern: Callable | Rule, replacement: Callable 
     """One-shot rewrite, like ``torch.fx.subgraph_rewriter.replace_pattern`` but matching
     every spelling: returns the number of rewrites and recompiles ``gm``."""
     r = _as_rule(pattern, replacement, where, constraints)
-    count = sum(apply_rules(gm, [r]).values())
+    count = sum(apply_once(gm, [r]).values())
     if count:
         gm.recompile()
     return count
+
+
+def apply_once(gm: fx.GraphModule, rules: Sequence[Rule], **options: Any) -> dict[str, int]:
+    """:func:`apply_rules` outside a PassManager, all or nothing: if a rule's own code
+    (a constraint, a callback) raises, the graph and module are put back as they were
+    and the :class:`~fxopt.errors.RuleError` propagates. The snapshot is taken only
+    for rules that run user code per match."""
+    if not any(r.constraints or r.where or r.callback or r.replacement_for for r in rules):
+        return apply_rules(gm, rules, **options)
+    snapshot, state = GraphSnapshot.take(gm.graph), ModuleState(gm)
+    try:
+        return apply_rules(gm, rules, **options)
+    except (RuleError, PatternError):
+        state.restore()
+        gm.graph = snapshot.build(gm)
+        raise
 
 
 def find_matches(gm: fx.GraphModule, pattern: Callable | Rule, **constraints: Constraint) -> list[Match]:
@@ -287,12 +437,12 @@ def find_matches(gm: fx.GraphModule, pattern: Callable | Rule, **constraints: Co
         if quick_op(node) != r.anchor_op:
             continue
         state = matcher.match(node)
-        if state is None or taken & set(state[0].values()):
+        if state is None:
             continue
         m = Match(gm, r.pattern, *state)
-        if check_match(m, r, matcher, sweep) is None:
+        if not taken & set(m.body) and check_match(m, r, matcher, sweep) is None:
             found.append(m)
-            taken |= set(state[0].values())
+            taken |= set(m.body)
     return found
 
 
@@ -331,41 +481,62 @@ def explain(gm: fx.GraphModule, pattern: Callable | Rule, node: fx.Node | str | 
 
 
 class RulePass(Pass):
-    """A pass that applies a fixed list of rules (see :func:`register_rules`)."""
+    """A pass that applies a fixed list of rules (see :func:`register_rules`).
+
+    Its stats hold the number of rewrites per rule and, under ``"matches"``, one
+    ``(rule, matched node names, new node names)`` entry per rewrite."""
 
     rules: ClassVar[tuple[Rule, ...]] = ()
-    #: evaluate, after rewriting, what now depends only on constants (folded weights)
-    fold_constants: ClassVar[bool] = False
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.rewrote = False  # read by the constant folding that may follow (register_rules)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         try:
             ctx.analysis("shapes")  # constraints on dtype/shape read meta['val']
         except AnalysisError:
             pass  # rules whose constraints need shapes simply do not fire
-        counts = apply_rules(gm, self.rules, self.name)
+        records: list[Rewrite] = []
+        counts = apply_rules(gm, self.rules, self.name, records=records)
         total = sum(counts.values())
-        stats = {"rewrites": total, **{k: v for k, v in counts.items() if v}}
-        if total and self.fold_constants:
-            from fxopt.passes.cleanup import ConstantFold
-
-            stats["constants_folded"] = ConstantFold().run(gm, ctx).stats.get("folded", 0)
+        self.rewrote = total > 0
+        stats = {"rewrites": total, **{k: v for k, v in counts.items() if v},
+                 "matches": [r.summary() for r in records]}
         if total:
             drop_unused_attributes(gm)  # the replaced weights and modules nothing reads
         return PassResult(total > 0, stats)
 
 
+class _RulesThenFold(SequencePass):
+    """The rules, then ``constant_fold`` if they rewrote something: evaluates ahead of time
+    what now depends only on constants (folded weights). Both run through the manager,
+    each recorded, transactional and verified like any pass."""
+
+    rule_pass: ClassVar[type[RulePass]]
+
+    def __init__(self) -> None:
+        rules = self.rule_pass()
+
+        def rules_rewrote(gm: fx.GraphModule, ctx: Any) -> bool:
+            return rules.rewrote
+
+        super().__init__([rules, Conditional(rules_rewrote, ["constant_fold"], name="fold constants")])
+
+
 def register_rules(name: str, rules: Iterable[Rule], description: str, *,
                    inference_only: bool = False, fold_constants: bool = False,
                    after: tuple[str, ...] = (), before: tuple[str, ...] = (),
-                   replace: bool = False) -> type[RulePass]:
+                   replace: bool = False) -> type[Pass]:
     """Register a pass called ``name`` that applies ``rules``; usable by name in
-    ``fxopt.optimize(passes=[...])``, textual pipelines and the PassManager."""
-    klass = type(_class_name(name), (RulePass,), {
-        "name": name, "__doc__": description, "rules": tuple(rules),
-        "inference_only": inference_only, "fold_constants": fold_constants,
-        "after": after, "before": before,
-        "__module__": _caller_module(),
-    })
+    ``fxopt.optimize(passes=[...])``, textual pipelines and the PassManager. With
+    ``fold_constants`` it is a sequence of the rules and ``constant_fold``."""
+    attrs = {"name": name, "__doc__": description, "after": after, "before": before,
+             "__module__": _caller_module()}
+    klass: type[Pass] = type(_class_name(name), (RulePass,), {
+        **attrs, "rules": tuple(rules), "inference_only": inference_only})
+    if fold_constants:
+        klass = type(_class_name(name) + "Sequence", (_RulesThenFold,), {**attrs, "rule_pass": klass})
     return register_pass(klass, replace=replace)
 
 

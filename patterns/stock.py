@@ -30,7 +30,8 @@ fxops = torch.ops.fxopt
 
 # --- folding arithmetic: leaf calls in the graph, since gamma/beta/bias may be None --------
 
-def _bn_scale(gamma: torch.Tensor | None, var: torch.Tensor, eps: float) -> torch.Tensor:
+def bn_scale(gamma: torch.Tensor | None, var: torch.Tensor, eps: float) -> torch.Tensor:
+    """The per-channel factor BatchNorm multiplies by: gamma / sqrt(var + eps), in float32."""
     scale = torch.rsqrt(var.float() + eps)
     return scale if gamma is None else scale * gamma.float()
 
@@ -41,14 +42,14 @@ def fold_weight(weight: torch.Tensor, gamma: torch.Tensor | None, var: torch.Ten
     a new tensor, computed in float32 and cast back."""
     shape = [1] * weight.dim()
     shape[channel_dim] = -1
-    return (weight.float() * _bn_scale(gamma, var, eps).reshape(shape)).to(weight.dtype)
+    return (weight.float() * bn_scale(gamma, var, eps).reshape(shape)).to(weight.dtype)
 
 
 def fold_bias(bias: torch.Tensor | None, gamma: torch.Tensor | None, beta: torch.Tensor | None,
               mean: torch.Tensor, var: torch.Tensor, eps: float, dtype_of: torch.Tensor) -> torch.Tensor:
     """(bias - mean) * gamma / sqrt(var + eps) + beta, in the dtype of ``dtype_of``."""
     centered = -mean.float() if bias is None else bias.float() - mean.float()
-    folded = centered * _bn_scale(gamma, var, eps)
+    folded = centered * bn_scale(gamma, var, eps)
     if beta is not None:
         folded = folded + beta.float()
     return folded.to(dtype_of.dtype)

@@ -36,6 +36,7 @@ from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
 from .graph import to_dot
 from .labels import safe_repr
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
+from .profile import profile_section
 from .renderer import find_renderer, run_renderer
 
 _SVG_START = re.compile(r"<svg\b")
@@ -95,7 +96,7 @@ class _Page:
         except RendererNotFoundError as exc:
             self.missing_renderer = str(exc)
         leaves = _changing_leaves(report)
-        self.after_of = {id(r): (r.after or (leaves[i + 1].before if i + 1 < len(leaves) else gm))
+        self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
 
     def figure(self, dot: str, what: str) -> str:
@@ -114,7 +115,15 @@ class _Page:
     # --- the sections, in page order -------------------------------------------------------
 
     def sections(self) -> list[Section]:
-        return [self.overview(), *self.passes(), *self.final_graph()]
+        return [self.overview(), *self.profile(), *self.passes(), *self.final_graph()]
+
+    def profile(self) -> list[Section]:
+        """``optimize(..., profile=True)``: the measured before/after, heat map, memory curve."""
+        diff = self.report.profile
+        if diff is None:
+            return []
+        return [Section("profile", "profile", profile_section(diff.after, self.figure,
+                                                              "profile after the passes", diff))]
 
     def overview(self) -> Section:
         """Title, totals, warnings and the table of passes."""

@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from fxopt.analysis.manager import register_analysis
 from fxopt.analysis.ops import mutated_inputs, unseen_aliases
+from fxopt.analysis.shapes import call_module_on_copies
 
 
 def storages_of(value: Any) -> set[StorageWeakRef]:
@@ -130,6 +131,13 @@ class _SavedTensorRecorder(fx.Interpreter):
             if owner is not None:
                 self.saved.setdefault(owner, set()).add(node)
         return result
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        # parameters are trained; buffers (running statistics) never carry gradients
+        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._trainable, self._fake)
+
+    def _fake(self, x: torch.Tensor) -> torch.Tensor:
+        return x if isinstance(x, FakeTensor) else self.mode.from_tensor(x, static_shapes=True)
 
     def _trainable(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):

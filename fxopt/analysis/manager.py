@@ -63,9 +63,6 @@ class AnalysisManager:
             self.compute_counts[name] = self.compute_counts.get(name, 0) + 1
         return self._cache[name]
 
-    def is_cached(self, name: str) -> bool:
-        return name in self._cache
-
     def invalidate(self, preserved: Iterable[str] = ()) -> None:
         """Drop every cached result except those in ``preserved`` ("*" keeps all)."""
         keep = set(preserved)

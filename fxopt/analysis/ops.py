@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import operator
+import re
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -48,9 +49,10 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
-    "NodeFacts", "OpFacts", "declare_op", "facts", "has_side_effects", "inplace_name",
-    "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
-    "mutated_inputs", "output_aliases", "torch_name", "unseen_aliases",
+    "NodeFacts", "OpFacts", "declare_op", "facts", "functional_form", "has_side_effects",
+    "inplace_name", "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
+    "mutated_inputs", "op_name", "output_aliases", "signature_of", "spelled_inplace", "torch_name",
+    "unseen_aliases",
 ]
 
 
@@ -73,11 +75,14 @@ class OpFacts:
     collective: bool = False
     #: arguments whose storage the result may share
     aliases: tuple[int | str, ...] = ()
+    #: updates state that outlives the call and is no argument of it (a module's own
+    #: buffers: an observer's range)
+    stateful: bool = False
 
     def __post_init__(self) -> None:
-        if self.pure and (self.writes or self.random or self.collective):
-            raise ValueError("an op declared pure cannot also write, draw random numbers "
-                             "or be a collective")
+        if self.pure and (self.writes or self.random or self.collective or self.stateful):
+            raise ValueError("an op declared pure cannot also write, draw random numbers, "
+                             "update state or be a collective")
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ _DECLARED: dict[Any, OpFacts] = {}
 
 def declare_op(target: Any = None, *, pure: bool = False, writes: Sequence[int | str] = (),
                random: bool = False, collective: bool = False,
-               aliases: Sequence[int | str] = ()) -> Any:
+               aliases: Sequence[int | str] = (), stateful: bool = False) -> Any:
     """Tell fxopt what a function, custom op or module type does.
 
     Without a declaration fxopt treats such a call as effectful: it is never removed,
@@ -133,12 +138,16 @@ def declare_op(target: Any = None, *, pure: bool = False, writes: Sequence[int |
 
         torch.fx.wrap("scaled")  # keep it as one node when tracing
 
+    ``stateful=True``: it updates state of its own that is no argument of the call (a
+    module's buffers, as an observer's range): never removed, merged or moved, but not
+    otherwise unknown.
+
     ``target`` may be a Python callable, an ``OpOverload``, an ``OpOverloadPacket`` (all
     overloads), a qualified op name (``"mylib::op"``) or an ``nn.Module`` subclass. Used
     without ``target`` it is a decorator. Returns ``target``.
     """
     op_facts = OpFacts(pure=pure, writes=tuple(writes), random=random, collective=collective,
-                       aliases=tuple(aliases))
+                       aliases=tuple(aliases), stateful=stateful)
 
     def register(obj: Any) -> Any:
         key = _declaration_key(obj)
@@ -222,7 +231,8 @@ def _torch_callables() -> dict[int, tuple[Any, str]]:
     """id(callable) -> (callable, name) for everything torch exports under a public name."""
     index: dict[int, tuple[Any, str]] = {}
     for namespace in _TORCH_NAMESPACES:
-        for name in dir(namespace):
+        # public names first: F.threshold is also F._threshold, and "threshold" is its name
+        for name in sorted(dir(namespace), key=lambda n: n.startswith("_")):
             if name.startswith("__"):
                 continue
             obj = getattr(namespace, name, None)
@@ -243,6 +253,100 @@ def torch_name(target: Any) -> str | None:
     """
     entry = _torch_callables().get(id(target))
     return entry[1] if entry is not None and entry[0] is target else None
+
+
+# ---------------------------------------------------------------------------------------
+# spellings: every way of calling an op, read back as one name
+# ---------------------------------------------------------------------------------------
+
+#: Python operators spelled differently from their ATen op
+_OPERATOR_NAMES = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder", "and_": "bitwise_and",
+                   "or_": "bitwise_or", "xor": "bitwise_xor", "invert": "bitwise_not",
+                   "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift", "pos": "positive"}
+
+
+def _operator_name(fn: Callable) -> str | None:
+    """``operator.add`` -> ``add``, ``operator.iadd`` -> ``add_``, ``operator.truediv`` -> ``div``."""
+    name = fn.__name__
+    if fn in _INPLACE_OPERATORS:
+        return inplace_name(_OPERATOR_NAMES.get(name[1:], name[1:]))
+    return _OPERATOR_NAMES.get(name, name) if fn in _PURE_OPERATORS else None
+
+
+def _target_name(target: Any) -> str | None:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name.split("::")[-1]
+    if getattr(operator, getattr(target, "__name__", ""), None) is target:
+        return _operator_name(target)
+    return torch_name(target)
+
+
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
+
+
+def signature_of(target: Any) -> inspect.Signature | None:
+    """``inspect.signature(target)``, remembered (for a builtin it parses a text signature:
+    too slow to repeat per node), or None where there is none."""
+    try:
+        return _SIGNATURES[target]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable
+        return None
+    try:
+        found = inspect.signature(target)
+    except (TypeError, ValueError):
+        found = None
+    _SIGNATURES[target] = found
+    return found
+
+
+_NAMES: dict[Any, str | None] = {}
+
+
+def op_name(target: Any, *, method: bool = False) -> str | None:
+    """The name of the op a call performs, as ATen spells it, whatever the spelling:
+    ``torch.relu``, ``F.relu``, ``x.relu()``, ``aten.relu.default`` -> ``relu``;
+    ``torch.relu_``, ``x.add_()``, ``operator.iadd`` -> ``relu_`` / ``add_``;
+    ``operator.truediv`` and ``x.__truediv__()`` -> ``div``. None for anything that is not
+    torch's own (a user's function called ``relu`` is not ``torch.relu``)."""
+    if method:
+        if not isinstance(target, str):
+            return None
+        fn = getattr(operator, target[2:-2], None) if target.startswith("__") else None
+        return (_operator_name(fn) or target) if fn is not None else target
+    try:
+        return _NAMES[target]
+    except KeyError:
+        name = _NAMES[target] = _target_name(target)
+        return name
+    except TypeError:  # unhashable
+        return None
+
+
+def spelled_inplace(target: Any, name: str | None, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether this spelling writes its result into its first argument: an in-place name
+    (``relu_``, ``+=``) or an ``inplace=True`` flag, by keyword or position."""
+    return (is_inplace_name(name) or kwargs.get("inplace") is True
+            or callable(target) and _positional_inplace(target, tuple(args)))
+
+
+def functional_form(module_type: type) -> Callable | None:
+    """The functional form of a ``torch.nn`` module class, found by name (``LeakyReLU`` ->
+    ``F.leaky_relu``, ``SiLU`` -> ``F.silu``, ``LogSigmoid`` -> ``F.logsigmoid``,
+    ``InstanceNorm2d`` -> ``F.instance_norm``); None for other modules."""
+    if not module_type.__module__.startswith("torch.nn"):
+        return None
+    name = module_type.__name__
+    for spelling in (name, name.replace("ReLU", "Relu"), name[:-2] if name[-2:] in ("1d", "2d", "3d") else name):
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", spelling).lower()
+        for candidate in (snake, spelling.lower()):
+            fn = getattr(F, candidate, None) or getattr(torch, candidate, None)
+            if callable(fn) and not isinstance(fn, type):
+                return fn
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,6 +392,10 @@ def _registered_effect(op: torch._ops.OpOverload) -> bool:
         return True
 
 
+# out= overloads write an argument; torch 2.11 has no Tag.out (they are named out*)
+_OUT_TAG = getattr(torch.Tag, "out", None)
+
+
 @cache
 def _aten_packet_facts(name: str) -> OpFacts | None:
     """Facts of ``aten::name`` across its overloads, ``out=`` variants aside (a call with
@@ -300,7 +408,8 @@ def _aten_packet_facts(name: str) -> OpFacts | None:
     for overload_name in packet.overloads():
         op = getattr(packet, overload_name)
         # torch 2.11 has no Tag.out: the schema's out arguments say it on every version
-        if overload_name.startswith("out") or any(a.is_out for a in op._schema.arguments):
+        if (_OUT_TAG in getattr(op, "tags", ()) or overload_name.startswith("out")
+                or any(a.is_out for a in op._schema.arguments)):
             continue
         f = _overload_facts(op)
         if f is None:
@@ -420,12 +529,13 @@ def _bind(target: Any, name: str | None, args: tuple, kwargs: dict) -> dict[str,
     name that fits; None when neither binds."""
     if isinstance(target, torch._ops.OpOverload):
         return _bind_schema(target._schema, args, kwargs)
-    if callable(target):
+    signature = signature_of(target) if callable(target) else None
+    if signature is not None:
         try:
-            ba = inspect.signature(target).bind(*args, **kwargs)
+            ba = signature.bind(*args, **kwargs)
             ba.apply_defaults()
             return dict(ba.arguments)
-        except (TypeError, ValueError):
+        except TypeError:
             pass
     packet = getattr(torch.ops.aten, name, None) if name else None
     if isinstance(packet, torch._ops.OpOverloadPacket):
@@ -608,9 +718,9 @@ def _apply(op: OpFacts, bound: dict[str, Any] | None, args: tuple, kwargs: dict,
         return NodeFacts(aliases=_nodes_in(_positions(op.aliases, bound, args, kwargs)))
     return NodeFacts(
         writes=_nodes_in(_positions(op.writes, bound, args, kwargs)),
-        random=op.random, collective=op.collective,
+        random=op.random, collective=op.collective, stateful=op.stateful,
         aliases=_nodes_in(_positions(op.aliases, bound, args, kwargs)),
-        unknown=not (op.writes or op.random or op.collective),
+        unknown=not (op.writes or op.random or op.collective or op.stateful),
         reason=what)
 
 
@@ -706,11 +816,17 @@ def _python_call_facts(target: Callable, args: tuple, kwargs: dict) -> NodeFacts
 def _positional_inplace(target: Callable, args: tuple) -> bool:
     """``F.relu(x, True)``: the ``inplace`` flag given by position."""
     try:
-        params = list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
+        position = _INPLACE_POSITIONS[target]
+    except KeyError:
+        signature = signature_of(target)
+        params = list(signature.parameters) if signature is not None else []
+        position = _INPLACE_POSITIONS[target] = params.index("inplace") if "inplace" in params else None
+    except TypeError:  # unhashable
         return False
-    return "inplace" in params and len(args) > params.index("inplace") and args[
-        params.index("inplace")] is True
+    return position is not None and len(args) > position and args[position] is True
+
+
+_INPLACE_POSITIONS: dict[Any, int | None] = {}
 
 
 def _describe(target: Any) -> str:
@@ -874,3 +990,76 @@ def is_barrier(node: fx.Node) -> bool:
     writes (random ops only reorder among themselves)."""
     f = facts(node)
     return f.collective or f.unknown or bool(f.writes) or f.stateful
+
+
+# ---------------------------------------------------------------------------------------
+# metadata: reads of a tensor's metadata only, results shaped like their input
+# (added for the pattern matcher: a fold may keep shape-only uses of what it removes)
+# ---------------------------------------------------------------------------------------
+
+_METADATA_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "layout", "is_cuda",
+                                  "is_sparse", "is_quantized", "requires_grad"})
+_METADATA_NAMES = frozenset({"size", "dim", "ndimension", "numel", "stride", "sym_size",
+                             "sym_numel", "sym_stride", "get_device", "is_contiguous",
+                             "is_floating_point", "is_complex", "nelement"})
+#: non-pointwise ops whose result has the shape, dtype and device of their first argument
+_SAME_METADATA = frozenset({"batch_norm", "layer_norm", "group_norm", "instance_norm",
+                            "rms_norm", "dropout", "alpha_dropout", "feature_dropout",
+                            "softmax", "log_softmax", "_softmax", "_log_softmax"})
+
+
+def reads_only_metadata(node: fx.Node) -> bool:
+    """Whether ``node`` reads nothing of its first argument but metadata (``x.shape``,
+    ``x.ndim``, ``x.size(0)``, ``len(x)``, ``aten.sym_size``): the values may change
+    under it as long as the metadata does not."""
+    target = node.target
+    if node.op == "call_method":
+        return target in _METADATA_NAMES
+    if node.op != "call_function":
+        return False
+    if target is builtins.getattr:
+        return len(node.args) == 2 and node.args[1] in _METADATA_ATTRIBUTES
+    if target is builtins.len:
+        return True
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return target.__name__.split(".")[0] in _METADATA_NAMES
+    return torch_name(target) in _METADATA_NAMES
+
+
+def keeps_input_metadata(name: str) -> bool:
+    """Whether the op called ``name`` (canonical) returns a tensor with the shape, dtype
+    and device of its first argument: unary pointwise ATen ops (by tag: ``relu``,
+    ``gelu``, ``hardtanh``...) and the normalizations, dropout and softmax."""
+    name = base_name(name)
+    if name in _SAME_METADATA:
+        return True
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or "default" not in packet.overloads():
+        return False
+    op = packet.default
+    tensors = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
+    return torch.Tag.pointwise in op.tags and len(tensors) == 1
+
+
+def _check_targets() -> frozenset[Any]:
+    aten = torch.ops.aten
+    targets: set[Any] = {torch._assert, getattr(torch, "_assert_async", None)}
+    for name in ("_assert_scalar", "_assert_async", "_assert_tensor_metadata",
+                 "sym_constrain_range", "sym_constrain_range_for_size"):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            targets.update(getattr(packet, o) for o in packet.overloads())
+    targets.discard(None)
+    return frozenset(targets)
+
+
+_CHECKS = _check_targets()
+
+
+def only_checks(node: fx.Node) -> bool:
+    """Whether ``node`` only checks a condition (``torch._assert``, ``aten._assert_scalar``):
+    it raises or does nothing. Never removed, but pure computations may move across it."""
+    try:
+        return node.op == "call_function" and node.target in _CHECKS
+    except TypeError:  # unhashable target
+        return False

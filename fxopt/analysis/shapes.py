@@ -11,16 +11,17 @@ fake mode (and its ShapeEnv, for dynamic shapes) is reused so symbols stay symbo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._pytree import tree_map
 
 from fxopt.analysis.manager import register_analysis
-from fxopt.errors import AnalysisError
+from fxopt.errors import AnalysisError, MissingFakeImplError
 
 
 class _FakePropagator(fx.Interpreter):
@@ -37,15 +38,48 @@ class _FakePropagator(fx.Interpreter):
 
         return tree_map(convert, value)
 
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return call_module_on_copies(self.fetch_attr(target), args, kwargs, self._to_fake)
+
     def run_node(self, node: fx.Node) -> Any:
         try:
             result = super().run_node(node)
         except Exception as exc:  # every failure is reported at the node that failed
+            if _no_fake_impl(exc):
+                raise MissingFakeImplError(_op_name(node), node.name, str(exc)) from exc
             raise AnalysisError("shapes", f"{type(exc).__name__}: {exc}", node=node.name) from exc
         if node.op == "get_attr":
             result = self._to_fake(result)
         record_value(node, result)
         return result
+
+
+def call_module_on_copies(module: torch.nn.Module, args: Any, kwargs: Any,
+                          parameter: Callable[[Any], Any],
+                          buffer: Callable[[Any], Any] | None = None) -> Any:
+    """Call ``module`` on copies of its parameters and buffers, made by ``parameter`` and
+    ``buffer`` (default: ``parameter``).
+
+    Analyses run the graph to learn about it; a training-mode batch norm run on its real
+    state would write it (``num_batches_tracked.add_(1)``, running statistics), and the
+    user's model would change because fxopt looked at it.
+    """
+    buffer = buffer or parameter
+    state = {name: parameter(t) for name, t in module.named_parameters(remove_duplicate=False)}
+    state |= {name: buffer(t) for name, t in module.named_buffers(remove_duplicate=False)}
+    return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
+
+
+def _no_fake_impl(exc: BaseException) -> bool:
+    """Whether ``exc`` says an op has no fake implementation (not that the inputs are bad)."""
+    return isinstance(exc, UnsupportedOperatorException) or "no fake impl" in str(exc).lower()
+
+
+def _op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return target.name() if isinstance(target, torch._ops.OpOverload) else target._qualified_op_name
+    return getattr(target, "__qualname__", str(target))
 
 
 def record_value(node: fx.Node, value: Any) -> None:

@@ -344,9 +344,9 @@ class PlanMemory(Pass):
     preserves = ("*",)
     after = ("inplace",)  # R15: plan on the lifetimes in-place conversion produced
     options: ClassVar = {
-        "alignment": Option(int, 64, "round every buffer up to this many bytes"),
+        "alignment": Option(int, 64, "round every buffer up to this many bytes", minimum=1),
         "concat": Option(bool, True, "let cat inputs live in their slice of the output"),
-        "time_limit": Option(float, 1.0, "seconds the exact search may spend beyond greedy"),
+        "time_limit": Option(float, 1.0, "seconds the exact search may spend beyond greedy", minimum=0.0),
     }
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:

@@ -25,13 +25,16 @@ from fxopt.graph_utils import (
     upstream,
 )
 from fxopt.pass_protocol import Option, Pass, PassResult
-from fxopt.provenance import record_replacement
+from fxopt.provenance import PROVENANCE_KEY, origins, record_replacement
 from fxopt.registry import register_pass
 
 
 def replace_node(node: fx.Node, replacement: fx.Node, pass_name: str) -> None:
     """Point every user of ``node`` at ``replacement``, note provenance, erase ``node``."""
     node.replace_all_uses_with(replacement)
+    # an existing replacement goes on standing for itself as well (a dropout's input, a CSE
+    # survivor); without this its own name would drop out of every later node's origins
+    replacement.meta.setdefault(PROVENANCE_KEY, origins(replacement))
     record_replacement(replacement, [node], pass_name)
     node.graph.erase_node(node)
 

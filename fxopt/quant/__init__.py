@@ -1,5 +1,5 @@
 """Quantization for fxopt: observers, calibration, the ``insert_observers`` and ``quantize``
-passes, int8 ops that lower through Inductor (Triton weight-only GEMV/GEMM on CUDA), and
+passes, quantization-aware training (``prepare_qat``/``convert_qat``), int8 ops that lower through Inductor (Triton weight-only GEMV/GEMM on CUDA), and
 an accuracy report. See README section "Quantization"."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch.fx as fx
 from fxopt.quant import ops  # noqa: F401  (registers torch.ops.fxopt_quant)
 from fxopt.quant.accuracy import AccuracyReport, accuracy_report, cosine, max_abs, sqnr
 from fxopt.quant.calibrate import calibrate
+from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
 from fxopt.quant.observers import (
     OBSERVERS,
     HistogramObserver,
@@ -29,13 +30,15 @@ from fxopt.quant.passes import (
     QuantSummary,
     SiteRecord,
 )
+from fxopt.quant.qat import PrepareQAT, QATModel, convert_qat, prepare_qat
 from fxopt.quant.sites import SPELLINGS, Site, find_sites
 
 __all__ = [
-    "INT8_MODES", "MODES", "OBSERVERS", "SPELLINGS", "AccuracyReport", "HistogramObserver", "InsertObservers",
-    "MinMaxObserver", "MovingAverageObserver", "Observer", "QuantSummary", "Quantize", "Site",
-    "SiteRecord", "accuracy_report", "calibrate", "cosine", "find_sites", "max_abs",
-    "quantize_model", "sqnr", "summary_of",
+    "INT8_MODES", "MODES", "OBSERVERS", "SPELLINGS", "AccuracyReport", "ActivationFakeQuant",
+    "DynamicFakeQuant", "HistogramObserver", "InsertObservers", "MinMaxObserver",
+    "MovingAverageObserver", "Observer", "PrepareQAT", "QATModel", "QuantSummary", "Quantize",
+    "Site", "SiteRecord", "WeightFakeQuant", "accuracy_report", "calibrate", "convert_qat",
+    "cosine", "find_sites", "max_abs", "prepare_qat", "quantize_model", "sqnr", "summary_of",
 ]
 
 

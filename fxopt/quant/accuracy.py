@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from tabulate import tabulate
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fxopt.optimize import as_graph_module
 from fxopt.quant.passes import SITE_KEY
@@ -83,20 +83,32 @@ def _row(name: str, ref: Any, out: Any, top1: bool = False) -> Row:
 
 
 class _Recorder(fx.Interpreter):
-    """Runs a graph and keeps every node's value by name."""
+    """Runs a graph and keeps every node's value by name.
+
+    Values are kept as copies taken when the node ran: a later in-place op (``relu_``
+    after a linear) would otherwise overwrite the recorded output, and a forced value
+    handed to the other graph would be written by that graph's in-place ops.
+    """
 
     def __init__(self, gm: fx.GraphModule, forced: dict[str, Any] | None = None):
-        super().__init__(gm, garbage_collect_values=False)
+        super().__init__(gm)
         self.forced = forced or {}
         self.values: dict[str, Any] = {}
 
     def run_node(self, node: fx.Node) -> Any:
+        if node.op == "get_attr":  # weights: not compared, and too large to copy
+            value = self.values[node.name] = super().run_node(node)
+            return value
         if node.name in self.forced and node.op not in ("placeholder", "output"):
-            value = self.forced[node.name]
+            value = tree_map(_copy, self.forced[node.name])
         else:
             value = super().run_node(node)
-        self.values[node.name] = value
+        self.values[node.name] = tree_map(_copy, value)
         return value
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def accuracy_report(float_model: torch.nn.Module, quant_gm: fx.GraphModule, inputs: tuple) -> AccuracyReport:

@@ -161,18 +161,21 @@ def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
     return out + bias.to(x.dtype) if bias is not None else out
 
 
-def pack_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+def pack_int4(w: Tensor, group_size: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Symmetric int4 (-7..7) per group of ``group_size`` along K of a ``[N, K]`` weight.
 
     Returns ``(packed, scales)``: ``packed`` is ``[N, K/2]`` uint8 whose byte ``j`` holds
     element ``j`` in its low nibble and element ``j + K/2`` in its high nibble, each offset
     by 8 (this "split halves" layout lets a kernel unpack with a mask and a shift, no
     interleaving); ``scales`` is ``[N, K/group_size]`` float32. K must be a multiple of
-    ``2 * group_size``.
+    ``2 * group_size``. ``scales`` given (learned in quantization-aware training) are used
+    instead of each group's ``absmax / 7``.
     """
     n, k = w.shape
     groups = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
-    scales = torch.clamp(groups.abs().amax(-1) / INT4_SYMMETRIC_MAX, min=torch.finfo(torch.float32).eps)
+    if scales is None:
+        scales = torch.clamp(groups.abs().amax(-1) / INT4_SYMMETRIC_MAX, min=torch.finfo(torch.float32).eps)
+    scales = scales.detach().to(torch.float32).reshape(n, k // group_size)
     q = torch.clamp(torch.round(groups / scales[..., None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX)
     u = (q.reshape(n, k) + 8).to(torch.uint8)
     return (u[:, : k // 2] | (u[:, k // 2:] << 4)).contiguous(), scales

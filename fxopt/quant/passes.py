@@ -54,7 +54,6 @@ INT8_MODES = ("int8_static", "int8_dynamic", "int8_weight_only")
 MODES = (*INT8_MODES, "int4_weight_only")
 SUMMARY_KEY = "fxopt.quant"
 SITE_KEY = "fxopt.quant.site"
-
 #: options shared by both passes: which sites are quantized, and how
 SELECTION_OPTIONS = {
     "mode": Option(str, "int8_weight_only", "quantization mode", choices=MODES),
@@ -198,8 +197,10 @@ class InsertObservers(Pass):
 class _Builder:
     """Emits the quantized form of each site into ``gm``; quantizes each weight once."""
 
-    def __init__(self, gm: fx.GraphModule, fake_mode: Any, options: dict[str, Any]):
+    def __init__(self, gm: fx.GraphModule, fake_mode: Any, options: dict[str, Any],
+                 weight_scales: dict[tuple, torch.Tensor] | None = None):
         self.gm, self.graph, self.fake_mode = gm, gm.graph, fake_mode
+        self.weight_scales = weight_scales or {}
         self.per_channel = options["per_channel"]
         self.dynamic_min_tokens = options["dynamic_min_tokens"]
         self.group_size = options["group_size"]
@@ -234,8 +235,9 @@ class _Builder:
             q, s, first = self.weights[key]
             return q, s, first
         base = site.weight_key.replace(".", "_")
+        given = self.weight_scales.get((id(site.weight), site.stored_contracted(), int4))
         if int4:
-            packed, scales = pack_int4(site.weight_nk(), self.group_size)
+            packed, scales = pack_int4(site.weight_nk(), self.group_size, given)
             q, s = self.attr(f"{base}_int4", packed), self.attr(f"{base}_group_scale", scales)
             self.weights[key] = (q, s, site.name)
             return q, s, None
@@ -243,8 +245,12 @@ class _Builder:
         reduce = (1,) if linear else site.stored_contracted()
         if not self.per_channel:
             reduce = tuple(range(w.dim()))
-        lo, hi = w.amin(dim=reduce, keepdim=True), w.amax(dim=reduce, keepdim=True)
-        scale, _ = qparams_from_range(lo, hi, symmetric=True)
+        if given is not None:  # [C] or [1]: shaped like the reduction below
+            scale = given.reshape(-1, 1) if linear else given.reshape(
+                [1 if a in reduce else n for a, n in enumerate(w.shape)])
+        else:
+            lo, hi = w.amin(dim=reduce, keepdim=True), w.amax(dim=reduce, keepdim=True)
+            scale, _ = qparams_from_range(lo, hi, symmetric=True)
         wq = torch.clamp(torch.round(w / scale), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX).to(torch.int8)
         if linear:
             scale = scale.reshape(-1).expand(w.shape[0]).contiguous()
@@ -351,6 +357,15 @@ class Quantize(Pass):
     requires = ("shapes",)
     inference_only = True
 
+    def __init__(self, weight_scales: dict[tuple, torch.Tensor] | None = None, **options: Any):
+        """``weight_scales``: scales chosen before ``quantize`` runs (quantization-aware
+        training learns them), ``{(id(stored weight), contracted axes, int4): scale}``, the
+        scale shaped ``[C]`` (one per output channel, the stored weight's non-contracted axes
+        in order), ``[1]`` (per tensor) or ``[N, K / group_size]`` (int4). Keyed by tensor
+        identity, so a Python argument, not a textual option."""
+        super().__init__(**options)
+        self.weight_scales = weight_scales
+
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         planned = plan(gm, self.options)
         observers = [n for n in gm.graph.nodes
@@ -359,7 +374,7 @@ class Quantize(Pass):
         if needs_observers and not observers:
             raise InputError("quantize: int8_static needs calibrated observers; run insert_observers, "
                              "then fxopt.quant.calibrate(gm, data), then quantize")
-        builder = _Builder(gm, ctx.analysis("shapes"), self.options)
+        builder = _Builder(gm, ctx.analysis("shapes"), self.options, self.weight_scales)
         summary = QuantSummary()
         for site, mode, reason in planned:
             if mode == "int8_static" and site.current_act() not in observers:

@@ -18,7 +18,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fxopt.errors import EquivalenceError, FxoptError
-from fxopt.testing.equivalence import assert_equivalent
+from fxopt.numerics import exact_mismatch, is_low_precision
+from fxopt.testing.equivalence import _run_float64, _tensors, _widen, assert_equivalent, to_float64
 from fxopt.testing.inputs import random_inputs
 from fxopt.testing.minimize import minimize, node_count, pass_breaks
 from fxopt.testing.repro import write_repro
@@ -43,8 +44,10 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
 
     if isinstance(model, CaseInstance):
         inputs = model.inputs if inputs is None else inputs
-        rtol = model.rtol if rtol is None else rtol
-        atol = model.atol if atol is None else atol
+        override = model.case.tolerances.get(model.dtype)  # else the dtype's own rules apply
+        if override is not None:
+            rtol = override[0] if rtol is None else rtol
+            atol = override[1] if atol is None else atol
         name = name or model.name
         gm = model.gm
     else:
@@ -58,6 +61,8 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
         fresh = _fresh_inputs(gm, seed + 1)
         if fresh is not None:  # inputs the passes never saw: catches baked-in example values
             assert_equivalent(gm, optimized, fresh, rtol=rtol, atol=atol, seed=seed)
+        if rtol is None and atol is None:
+            _check_in_float64(gm, passes, inputs, seed)
     except EquivalenceError as exc:
         if artifacts is not None:
             where = write_artifacts(Path(artifacts) / _safe(name or "check_pass"), gm, optimized,
@@ -66,6 +71,32 @@ def check_pass(passes: Any, model: CaseInstance | fx.GraphModule | nn.Module,
             exc.args = (f"{exc.args[0]}\nartifacts (repro.py, minimized graph, diff): {where}",)
         raise
     return optimized
+
+
+def _check_in_float64(gm: fx.GraphModule, passes: Any, inputs: tuple[Any, ...], seed: int) -> None:
+    """For a half-precision graph: the same passes over its float64 twin must compute the
+    original's float64 function to float32 precision. Folded constants are then computed
+    exactly, so this also judges the passes that create constants, which the half-precision
+    comparison can only judge to within rounding. Skipped where the passes or the graph do
+    not run in float64."""
+    from fxopt.optimize import optimize
+
+    if not any(is_low_precision(t.dtype) for t in [*_tensors(inputs), *_tensors(gm)]):
+        return
+    wide = to_float64(gm)
+    wide_inputs = tuple(_widen(x) for x in inputs)
+    reference, pure = _run_float64(wide, wide_inputs, seed)
+    if reference is None or not pure:
+        return
+    try:
+        wide_optimized = optimize(wide, passes=passes, example_inputs=wide_inputs)
+    except FxoptError:
+        return
+    rewritten, pure = _run_float64(wide_optimized, wide_inputs, seed)
+    mismatch = exact_mismatch(reference, rewritten) if rewritten is not None and pure else None
+    if mismatch is not None:
+        raise EquivalenceError(f"the passes change the function of the graph's float64 twin: {mismatch}",
+                               mismatch=mismatch)
 
 
 def _fresh_inputs(gm: fx.GraphModule, seed: int) -> tuple[Any, ...] | None:

@@ -155,6 +155,11 @@ def test_modules_match_by_type_never_by_attribute_name() -> None:
     torch.testing.assert_close(gm(x), model(x))
 
 
+@torch.fx.wrap
+def opaque(t):
+    return t * 3
+
+
 def test_multi_output_pattern() -> None:
     def pattern(x, y):
         s = x + y
@@ -176,15 +181,26 @@ def test_multi_output_pattern() -> None:
     x, y = torch.randn(4), torch.randn(4)
     torch.testing.assert_close(gm(x, y), M()(x, y))
 
-    class EarlyUse(nn.Module):  # s is read before the ReLU: the rewrite would reorder
+    class EarlyUse(nn.Module):  # s is read before the ReLU: the replacement goes first
         def forward(self, x, y):
             s = x + y
             t = s * 3
             return torch.relu(s) + t
 
     gm = fx.symbolic_trace(EarlyUse())
+    assert fp.replace(gm, pattern, replacement) == 1
+    gm.graph.lint()
+    torch.testing.assert_close(gm(x, y), EarlyUse()(x, y))
+
+    class Blocked(nn.Module):  # an unknown call in between: nothing moves across it
+        def forward(self, x, y):
+            s = x + y
+            t = opaque(s)
+            return torch.relu(s) + t
+
+    gm = fx.symbolic_trace(Blocked())
     assert fp.replace(gm, pattern, replacement) == 0
-    assert "before the anchor" in fp.explain(gm, pattern)
+    assert "before the last matched node" in fp.explain(gm, pattern)
 
 
 def test_overlaps_resolve_deterministically() -> None:

@@ -278,3 +278,57 @@ def test_fused_ops_decompose_even_if_inductor_compiled_before_fxopt_was_imported
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """timm's BatchNormAct2d forward, reproduced: a shape assert, the functional batch
+    norm, then the activation (symbolic_trace traces into it: it is no torch.nn class)."""
+
+    def __init__(self, num_features: int):
+        super().__init__(num_features)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, "expected 4D input")
+        factor = 0.0 if self.momentum is None else self.momentum
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        x = F.batch_norm(x, self.running_mean if not self.training or self.track_running_stats else None,
+                         self.running_var if not self.training or self.track_running_stats else None,
+                         self.weight, self.bias, use_batch_stats, factor, self.eps)
+        return self.act(x)
+
+
+class ConvBNAct(nn.Module):
+    def __init__(self, shape_use: str = "ndim"):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, bias=False), BatchNormAct2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.shape_use = shape_use
+
+    def forward(self, x):
+        y = self.conv2(self.bn1(self.conv1(x)))
+        if self.shape_use == "shape":
+            torch._assert(y.shape[0] == x.shape[0], "batch")
+        elif self.shape_use == "size":
+            return self.bn2(y) * y.size(1)
+        elif self.shape_use == "data":
+            return self.bn2(y) + y  # a real use of the conv output: no fold
+        return self.bn2(y)
+
+
+@pytest.mark.parametrize("shape_use", ["ndim", "shape", "size", "data"])
+def test_fold_conv_bn_keeps_shape_only_uses(shape_use: str) -> None:
+    """timm's BatchNormAct2d asserts on x.ndim before its batch norm: a read of the conv
+    output's metadata does not block the fold (the folded conv has the same metadata),
+    a read of its data does."""
+    model = randomize_bn(ConvBNAct(shape_use)).eval()
+    x = torch.randn(2, 3, 10, 10)
+    gm = _optimize(fx.symbolic_trace(model), (x,), FOLD)
+    assert _bn_ops(gm) == (1 if shape_use == "data" else 0)
+    gm.graph.lint()
+    torch.testing.assert_close(gm(x), model(x), rtol=1e-4, atol=1e-4)
+    if shape_use == "ndim":
+        assert "_assert" in ops(gm)  # the check stays (on the folded conv's output)
+        (check,) = [n for n in gm.graph.nodes if n.target is torch._assert]
+        (ndim,) = check.args[0].all_input_nodes
+        assert ndim.args[0].op == "call_function" and "conv" in str(ndim.args[0].target)

@@ -406,3 +406,23 @@ def test_int4_weight_only_mode_skips_what_it_cannot_pack():
         ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
                                                  getattr(q, f"{i}_weight_group_scale"), 64))
     torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_per_layer_sqnr_is_measured_before_an_in_place_activation_overwrites_the_output():
+    """relu_/hardtanh_ after a layer must not change that layer's measured error."""
+    def make(inplace):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(inplace=inplace), nn.Linear(64, 64),
+                             nn.Hardtanh(inplace=inplace), nn.Linear(64, 8)).eval()
+
+    x = torch.randn(16, 32)
+    reports = {}
+    for inplace in (False, True):
+        gm = torch.fx.symbolic_trace(make(inplace))
+        reports[inplace] = fq.accuracy_report(gm, fq.quantize_model(gm, (x,), "int8_dynamic"), (x,))
+    plain, inplace = reports[False], reports[True]
+    assert [r.name for r in inplace.layers] == [r.name for r in plain.layers] and len(plain.layers) == 3
+    for a, b in zip(plain.layers, inplace.layers):
+        assert a.sqnr > 30
+        assert b.sqnr == pytest.approx(a.sqnr, rel=1e-6), a.name
+        assert b.max_abs == pytest.approx(a.max_abs, rel=1e-6), a.name

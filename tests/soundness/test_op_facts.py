@@ -220,6 +220,34 @@ def test_declare_op_rejects_contradictions_and_non_ops():
         fxopt.declare_op(logged, pure=True, random=True)
     with pytest.raises(TypeError, match="declare_op"):
         fxopt.declare_op(42, pure=True)
+    with pytest.raises(ValueError, match="pure"):
+        fxopt.declare_op(logged, pure=True, stateful=True)
+
+
+def test_declared_stateful_modules_are_kept_but_not_unknown():
+    class Counting(nn.Module):  # updates a buffer of its own, no argument of the call
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return x * 2
+
+    fxopt.declare_op(Counting, stateful=True)
+    root = nn.Module()
+    root.count = Counting()
+    g = fx.Graph()
+    x = g.placeholder("x")
+    node = g.call_module("count", (x,))  # result unused: only its state change matters
+    g.output(g.call_function(torch.add, (x, 1)))
+    gm = fx.GraphModule(root, g)
+    f = facts(node)
+    assert f.stateful and not f.unknown and not f.pure and f.aliases == ()
+    out = fxopt.optimize(gm, passes=["dce"])
+    assert [n.op for n in out.graph.nodes].count("call_module") == 1
+    out(torch.randn(3))
+    assert out.count.calls.item() == 1
 
 
 def test_user_leaf_modules_and_hooked_modules_are_unknown():
@@ -355,3 +383,18 @@ def test_cse_never_merges_across_a_grad_mode_switch():
     (g_expected,) = torch.autograd.grad(expected.sum(), weight)
     (g_got,) = torch.autograd.grad(got.sum(), weight)
     torch.testing.assert_close(g_got, g_expected)
+
+
+def test_analyses_leave_a_training_models_state_alone():
+    """inplace asks which tensors autograd saves: the analysis runs the graph, and a
+    training batch norm run on its real buffers counted a batch (the pass was refused)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    gm = fx.symbolic_trace(model)
+    state = {k: v.clone() for k, v in gm.state_dict().items()}
+    optimized = fxopt.optimize(gm, passes=["inplace"], example_inputs=(torch.randn(2, 3, 8, 8),))
+    for name, value in gm.state_dict().items():
+        assert torch.equal(value, state[name]), f"optimize changed {name}"
+    x = torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(model)
+    torch.testing.assert_close(optimized(x), eager(x))
+    torch.testing.assert_close(dict(optimized.named_buffers()), dict(eager.named_buffers()))

@@ -91,7 +91,7 @@ def test_options_from_python_are_type_checked():
         ("fixpoint(cse", "expected ')'"),
         ("cse(dce)", "not a composite pass"),
         ("cse dce", "unexpected 'dce'"),
-        ("fixpoint{max_rounds=0}(cse)", "max_rounds must be >= 1"),
+        ("fixpoint{max_rounds=0}(cse)", "option 'max_rounds': must be at least 1"),
     ],
 )
 def test_syntax_errors_point_at_the_problem(text, fragment):

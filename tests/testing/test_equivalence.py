@@ -167,7 +167,9 @@ def test_tolerances_default_per_dtype_and_can_be_overridden():
     assert_equivalent(lambda t: t, lambda t: t * (1 + 5e-5), (x,))
     with pytest.raises(EquivalenceError, match="rtol=0.0001"):
         assert_equivalent(lambda t: t, lambda t: t * (1 + 1e-3), (x,))
-    assert_equivalent(lambda t: t, lambda t: t * (1 + 1e-3), (x.half(),))  # fp16: 1e-3
+    assert_equivalent(lambda t: t, lambda t: t * (1 + 1e-3), (x.half(),), rtol=1e-3, atol=1e-3)
+    with pytest.raises(EquivalenceError, match="float64"):  # half precision: judged against float64
+        assert_equivalent(lambda t: t, lambda t: t * (1 + 1e-3), (x.half(),))
     assert_equivalent(lambda t: t, lambda t: t * (1 + 1e-3), (x,), rtol=2e-3)
 
 

@@ -54,7 +54,9 @@ def shown(page, section: str) -> dict[str, str]:
 
 
 def section_of(gm: fx.GraphModule, name: str) -> str:
-    index = next(i for i, (_, r) in enumerate(fxopt.report_of(gm).walk()) if r.name == name)
+    """The section drawing pass ``name``'s diff (a sequence's own step, not the sequence)."""
+    index = next(i for i, (_, r) in enumerate(fxopt.report_of(gm).walk())
+                 if r.name == name and r.before is not None)
     return f"pass-{index}"
 
 
@@ -72,10 +74,12 @@ def test_report_of_resnet_in_a_browser(resnet, renderer, playwright_browser, tmp
     fold, inplace = section_of(resnet, "fold_conv_bn"), section_of(resnet, "inplace")
 
     # every pass in the sidebar; the changing ones marked
-    records = [r for _, r in fxopt.report_of(resnet).walk()]
+    walk = list(fxopt.report_of(resnet).walk())
     entries = page.eval_on_selector_all("#fx-toc li", "els => els.map(e => e.className)")
-    assert sum("fx-changed" in e for e in entries) == sum(r.changed for r in records) == 2
-    assert sum(e.startswith("fx-") and "part" not in e for e in entries) == len(records)
+    assert sum("fx-changed" in e for e in entries) == sum(r.changed for _, r in walk)
+    # fold_conv_bn is a sequence (its rules, then constant folding): its steps are entries too
+    assert {r.name for depth, r in walk if depth == 0 and r.changed} == {"fold_conv_bn", "inplace"}
+    assert sum(e.startswith("fx-") and "part" not in e for e in entries) == len(walk)
 
     # added / removed / changed nodes, against what the passes did to the graph
     erased, created, union = truth(resnet, "fold_conv_bn")
@@ -130,17 +134,18 @@ def test_report_of_resnet_in_a_browser(resnet, renderer, playwright_browser, tmp
     assert page.evaluate("fxReport.search('no_such_node_anywhere')") == 0
     assert page.locator("g.node.fx-match").count() == 0
 
-    # pass-by-pass: "next change" goes to the first changing pass, again to the next one
+    # pass-by-pass: "next change" visits every changing pass (a sequence, then its steps)
+    # in order; "previous change" goes back
+    changing = [f"pass-{i}" for i, (_, r) in enumerate(walk) if r.changed]
+    assert fold in changing and changing[-1] == inplace
     page.evaluate("window.scrollTo(0, 0)")
-    page.click("#fx-next")
-    wait_frames(page)
-    assert abs(page.locator(f"#{fold}").bounding_box()["y"]) < 2
-    page.click("#fx-next")
-    wait_frames(page)
-    assert abs(page.locator(f"#{inplace}").bounding_box()["y"]) < 2
+    for section in changing:
+        page.click("#fx-next")
+        wait_frames(page)
+        assert abs(page.locator(f"#{section}").bounding_box()["y"]) < 2, section
     page.click("#fx-prev")
     wait_frames(page)
-    assert abs(page.locator(f"#{fold}").bounding_box()["y"]) < 2
+    assert abs(page.locator(f"#{changing[-2]}").bounding_box()["y"]) < 2
 
     assert problems == []
     assert requests == [path.resolve().as_uri()]  # offline: nothing fetched but the page
