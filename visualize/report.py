@@ -4,8 +4,9 @@ Per pass: its statistics and time, the diff of what it did as inline SVG, and th
 memory-plan chart when the pass produced a plan. The "after" of a changing pass is the
 "before" snapshot of the next changing pass, or the final graph. Everything is inlined
 (CSS, SVG; no script, no fonts or libraries from the network), so the file can be
-mailed or attached to a bug. A diff that cannot be drawn (no renderer, a renderer
-error) is shown as DOT text with the reason, never dropped and never fatal.
+mailed or attached to a bug. A graph that cannot be drawn (no renderer, a renderer
+error) is listed as a table of its nodes instead (:mod:`.listing`), never dropped and never
+fatal; without a renderer, one line at the top says how to get one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import html
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fxopt.report import PassRecord, Report
 from .diff import GraphDiff, diff_graphs, diff_to_dot
 from .graph import to_dot
 from .labels import safe_repr
+from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
 from .renderer import find_renderer, run_renderer
 
@@ -44,7 +46,8 @@ section.fx-pass.fx-unchanged { color: #6b7280; }
 .fx-figure { overflow: auto; max-height: 900px; border-top: 1px dashed #e5e7eb; margin-top: 8px; padding-top: 8px; }
 .fx-figure svg { max-width: 100%; height: auto; }
 .fx-warning { background: #fef3c7; border: 1px solid #f59e0b; padding: 8px 12px; border-radius: 6px; }
-pre.fx-dot { font-size: 11px; background: #f9fafb; padding: 8px; overflow: auto; max-height: 300px; }
+table.fx-listing { border-collapse: collapse; font-size: 12px; font-family: monospace; }
+table.fx-listing th, table.fx-listing td { border-bottom: 1px solid #e5e7eb; padding: 2px 8px; text-align: left; vertical-align: top; }
 .fx-depth-1 { margin-left: 24px; } .fx-depth-2 { margin-left: 48px; } .fx-depth-3 { margin-left: 72px; }
 """
 
@@ -74,18 +77,16 @@ class _Page:
         self.after_of = {id(r): (r.after or (leaves[i + 1].before if i + 1 < len(leaves) else gm))
                          for i, r in enumerate(leaves)}
 
-    def figure(self, dot: str, what: str) -> str:
-        if self.missing_renderer is None:
-            try:
-                svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
-                return f'<div class="fx-figure">{_inline_svg(svg)}</div>'
-            except RenderError as exc:
-                reason = str(exc)
-        else:
-            reason = self.missing_renderer
-        return (f'<div class="fx-figure"><p class="fx-warning">The {html.escape(what)} could not be '
-                f'drawn: {html.escape(reason)}. Its DOT text:</p>'
-                f'<pre class="fx-dot">{html.escape(dot)}</pre></div>')
+    def figure(self, dot: str, what: str, listing: Callable[[], str]) -> str:
+        """The drawing of ``dot``; when it cannot be drawn, ``listing()`` (a node table)."""
+        if self.missing_renderer is not None:  # said once, at the top of the page
+            return f'<div class="fx-figure">{listing()}</div>'
+        try:
+            svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
+            return f'<div class="fx-figure">{_inline_svg(svg)}</div>'
+        except RenderError as exc:
+            return (f'<div class="fx-figure"><p class="fx-warning">The {html.escape(what)} could not '
+                    f"be drawn: {html.escape(str(exc))}</p>{listing()}</div>")
 
     def sections(self) -> Iterator[str]:
         for index, (depth, record) in enumerate(self.report.walk()):
@@ -125,7 +126,7 @@ class _Page:
 
     def diff_figure(self, diff: GraphDiff, index: int) -> str:
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
-        return self.figure(dot, "diff")
+        return self.figure(dot, "diff", lambda: diff_listing(diff))
 
     def table(self) -> str:
         rows = []
@@ -145,13 +146,14 @@ class _Page:
                    + (", verified after each pass" if report.verified else ""))
         head = [f"<h1>{html.escape(title)}</h1>", f'<div class="fx-summary">{html.escape(summary)}</div>']
         if self.missing_renderer:
-            head.append(f'<p class="fx-warning" id="no-renderer">Graphs are shown as DOT text: '
+            head.append(f'<p class="fx-warning" id="no-renderer">Graphs are listed as tables: '
                         f"{html.escape(self.missing_renderer)}</p>")
         head += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
         final = ""
         if len(self.gm.graph.nodes) <= 400:
             final = ('<details id="final-graph"><summary>final graph</summary>'
-                     + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph") + "</details>")
+                     + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
+                                 lambda: graph_listing(self.gm)) + "</details>")
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
                 + "\n".join(head) + self.table() + "\n".join(self.sections()) + final
@@ -172,7 +174,7 @@ def write_report(gm: fx.GraphModule, path: str | os.PathLike, **options: Any) ->
     ``gm`` is what ``fxopt.optimize`` returned (the report is ``fxopt.report_of(gm)``).
     Options: ``title``, ``renderer``, ``focus`` (of each diff; see ``render_diff``),
     ``timeout`` (seconds per drawing). Without a renderer the page still gets written,
-    with DOT text in place of pictures and a note saying how to get one.
+    with node tables in place of pictures and one line saying how to get a renderer.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
