@@ -15,13 +15,14 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```(\w*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
 MARKER = re.compile(r"<!--\s*(norun|pytest)\b:?\s*(.*?)\s*-->\s*\Z", re.S)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 TIMEOUT = 300  # seconds per block; the slowest (an Inductor compile) takes well under a minute
@@ -38,7 +39,8 @@ def blocks(lang: str) -> list[tuple[str, str, str | None, str]]:
             line = text.count("\n", 0, match.start()) + 1
             marker = MARKER.search(text[:match.start()].rstrip() + "\n")
             where = f"{page.relative_to(REPO)}:{line}"
-            found.append((where, match.group(2), *(marker.groups() if marker else (None, ""))))
+            code = textwrap.dedent(match.group(2))  # a block indented in a list item
+            found.append((where, code, *(marker.groups() if marker else (None, ""))))
     return found
 
 
