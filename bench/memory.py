@@ -40,7 +40,7 @@ from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: 
 from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
 from fxopt.models import ZOO, example_inputs  # noqa: E402
 
-MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc"
+MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
 
 
 class _MallInfo2(ctypes.Structure):

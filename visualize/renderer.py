@@ -1,7 +1,7 @@
 """Turning DOT text into SVG or PNG with whichever Graphviz renderer is installed.
 
 The ``graphviz`` Python package runs a program called ``dot`` found on PATH, which a
-fresh machine does not have. The PyPI wheel ``graphviz-pure`` (the ``[render]`` extra)
+fresh machine does not have. The PyPI wheel ``graphviz-pure`` (a dependency of fxopt)
 is a statically linked Graphviz that installs a command called ``graphviz-pure``, often
 in a virtual environment's ``bin`` that is not on PATH; so we resolve its path
 ourselves and run it directly. A system ``dot`` is used when it is the only renderer
@@ -24,7 +24,7 @@ FORMATS = ("svg", "png", "dot")
 _SUFFIXES = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot"}
 
 HOW_TO_GET_ONE = (
-    "install a renderer with `pip install graphviz-pure` (or `pip install 'fxopt[render]'`), "
+    "install a renderer with `pip install graphviz-pure` (an fxopt dependency), "
     "or install Graphviz itself (e.g. `apt-get install graphviz`), or pass renderer=PATH"
 )
 

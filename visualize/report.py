@@ -5,8 +5,9 @@ memory-plan chart when the pass produced a plan. The "after" of a changing pass 
 "before" snapshot of the next changing pass, or the final graph. Everything is inlined
 (CSS, SVG, and the script: the vendored svg-pan-zoom and our glue, ``report.js``; no
 fonts or libraries from the network), so the file can be mailed or attached to a bug.
-A diff that cannot be drawn (no renderer, a renderer error) is shown as DOT text with
-the reason, never dropped and never fatal.
+A graph that cannot be drawn (no renderer, a renderer error) is listed as a table of
+its nodes instead (:mod:`.listing`), never dropped and never fatal; without a renderer,
+one line at the top says how to get one.
 
 Made for graphs of thousands of nodes: every drawing zooms and pans, a search box
 finds nodes by name or op, a diff of a large graph draws only the changes and their
@@ -20,7 +21,7 @@ from __future__ import annotations
 import html
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -35,6 +36,7 @@ from fxopt.report import PassRecord, Report
 from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
 from .graph import to_dot
 from .labels import safe_repr
+from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
 from .profile import profile_section
 from .renderer import find_renderer, run_renderer
@@ -99,18 +101,20 @@ class _Page:
         self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
 
-    def figure(self, dot: str, what: str) -> str:
+    def figure(self, dot: str, what: str, listing: Callable[[], str] | None = None) -> str:
+        """The drawing of ``dot``, zoomable; when it cannot be drawn, ``listing()`` (a table
+        of its nodes), or a line saying why for drawings whose content a table on the page
+        already lists (the profile's heat maps)."""
         if self.missing_renderer is None:
             try:
                 svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
                 return _zoomable(_inline_svg(svg))
             except RenderError as exc:
-                reason = str(exc)
+                reason = f'<p class="fx-warning">The {html.escape(what)} could not be drawn: {html.escape(str(exc))}</p>'
         else:
-            reason = self.missing_renderer
-        return (f'<div class="fx-figure"><p class="fx-warning">The {html.escape(what)} could not be '
-                f'drawn: {html.escape(reason)}. Its DOT text:</p>'
-                f'<pre class="fx-dot">{html.escape(dot)}</pre></div>')
+            reason = ""  # said once, at the top of the page
+        body = listing() if listing else f'<p class="fx-note">The {html.escape(what)} is not drawn (no renderer).</p>'
+        return f'<div class="fx-figure">{reason}{body}</div>'
 
     # --- the sections, in page order -------------------------------------------------------
 
@@ -134,7 +138,7 @@ class _Page:
                    + (", verified after each pass" if report.verified else ""))
         out = [f"<h1>{html.escape(self.title)}</h1>", f'<div class="fx-summary">{html.escape(summary)}</div>']
         if self.missing_renderer:
-            out.append(f'<p class="fx-warning" id="no-renderer">Graphs are shown as DOT text: '
+            out.append(f'<p class="fx-warning" id="no-renderer">Graphs are listed as tables: '
                        f"{html.escape(self.missing_renderer)}</p>")
         out += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
         out.append(self.table())
@@ -156,7 +160,8 @@ class _Page:
                     "</p>")
         else:
             text = ('<details id="final-graph"><summary>final graph</summary>'
-                    + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph") + "</details>")
+                    + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
+                                 lambda: graph_listing(self.gm)) + "</details>")
         return [Section("final", "final graph", f'<section id="final">{text}</section>')]
 
     # --- the parts of a pass section -------------------------------------------------------
@@ -201,7 +206,7 @@ class _Page:
                     f"{len(view.status)} nodes (<code>write_report(gm, path, focus=None)</code> "
                     "draws them all).</p>")
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
-        return note + self.figure(dot, "diff")
+        return note + self.figure(dot, "diff", lambda: diff_listing(diff))
 
     def table(self) -> str:
         rows = []
@@ -263,7 +268,7 @@ def write_report(gm: fx.GraphModule, path: str | os.PathLike, **options: Any) ->
     draws everything, ``k`` keeps k hops around the changes), ``timeout`` (seconds per
     drawing). The page zooms and pans, searches nodes, and navigates pass by pass
     (docs/report.md). Without a renderer the page still gets written,
-    with DOT text in place of pictures and a note saying how to get one.
+    with node tables in place of pictures and one line saying how to get a renderer.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The ``inplace`` pass: turn out-of-place ops into in-place ones where that is sound.
 
-``b = op(a, ...)`` becomes ``op_(a, ...)`` only if every rule R1-R15 of
-``shared/reference/inplace-rules.md`` holds; each rule is one function below
+``b = op(a, ...)`` becomes ``op_(a, ...)`` only if every rule R1-R16 of
+``docs/inplace-rules.md`` holds; each rule is one function below
 (``RULES``), and the report counts, per rule, the candidates it rejected. Aliasing is
 decided by *storage*: the FakeTensor run gives each value its storage (views, chunks,
 reshapes that did not copy and ``contiguous()`` of a contiguous tensor share their

@@ -23,7 +23,7 @@ from fxopt.memory.problem import Buffer, PlacementError, verify_placement
 from fxopt.memory.solver import BranchAndBound, solve
 from fxopt.models import ZOO, example_inputs
 
-MINIMALLOC = Path(__file__).resolve().parents[3] / "shared" / "data" / "minimalloc"
+MINIMALLOC = Path(__file__).resolve().parents[1] / "data" / "minimalloc"
 
 
 def brute_lower_bound(buffers: list[Buffer]) -> int:

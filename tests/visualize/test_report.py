@@ -82,11 +82,35 @@ def test_memory_chart_draws_every_buffer_at_its_offset(optimized, tmp_path: Path
     assert page.count('class="fx-buffer"') == len(plan.buffers)
 
 
-def test_without_renderer_the_report_shows_dot_text_and_how_to_get_one(optimized, tmp_path: Path) -> None:
+def listed_rows(section: str) -> list[tuple[str, str]]:
+    """(status, node name) of each row of a section's node table."""
+    return re.findall(r'<tr class="fx-diff-(\w+)"[^>]*><td>\w+</td><td>([^<]*)</td>', section)
+
+
+def test_without_renderer_the_report_lists_nodes_and_says_once_how_to_get_one(
+        optimized, tmp_path: Path) -> None:
     page = write_report(optimized, tmp_path / "r.html", renderer="/nonexistent/dot").read_text()
-    assert 'id="no-renderer"' in page and "pip install graphviz-pure" in page
-    assert page.count('<pre class="fx-dot">digraph') >= sum(
-        1 for _, r in fxopt.report_of(optimized).walk() if r.before is not None)
+    banner = re.findall(r'<p class="fx-warning" id="no-renderer">([^\n]*?)</p>', page)
+    assert len(banner) == 1 and "pip install graphviz-pure" in banner[0]
+    assert page.count("pip install graphviz-pure") == 1
+    assert "digraph" not in page and "<svg" not in page.split("fx-memory")[0]
+    # remove_dropout's section lists the dropout it removed; the final graph lists every node
+    first = page.split('id="pass-0"')[1].split("</section>")[0]
+    assert any(status == "removed" and "drop" in name for status, name in listed_rows(first))
+    final = page.split('id="final-graph"')[1]
+    for node in optimized.graph.nodes:
+        assert f"<tr><td>{node.name}</td><td>{node.op}</td>" in final
+
+
+def test_a_renderer_that_fails_gets_its_reason_and_the_node_table(optimized, tmp_path: Path) -> None:
+    broken = tmp_path / "dot"
+    broken.write_text("#!/bin/sh\necho 'syntax error in line 1' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    page = write_report(optimized, tmp_path / "r.html", renderer=str(broken)).read_text()
+    first = page.split('id="pass-0"')[1].split("</section>")[0]
+    assert "could not be drawn" in first and "exit code 3" in first and "syntax error" in first
+    assert any(status == "removed" for status, _ in listed_rows(first))
+    assert 'id="no-renderer"' not in page
 
 
 def test_cli_demo_and_optimize_write_reports(renderer, tmp_path: Path, capsys) -> None:
