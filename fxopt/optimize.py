@@ -41,6 +41,7 @@ def optimize(
     hooks: Iterable[Instrumentation] = (),
     rtol: float | None = None,
     atol: float | None = None,
+    progress: bool | None = None,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
 
@@ -56,14 +57,15 @@ def optimize(
     The run's report is ``fxopt.report_of(result)`` (also ``result.meta['fxopt.report']``).
     With ``verify=True`` every pass is checked for graph lint and numerical equivalence
     on ``example_inputs``; the first pass that breaks it is named in the error and rolled
-    back.
+    back. A run longer than two seconds shows a progress bar on a terminal's stderr
+    (``progress=False`` hides it).
     """
     gm = as_graph_module(model)
     if not inplace:
         gm = copy_sharing_tensors(gm)
     manager = PassManager(
         DEFAULT_PIPELINE if passes is None else passes,
-        verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol,
+        verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol, progress=progress,
     )
     manager.run(gm, example_inputs, training=training)
     return gm

@@ -43,6 +43,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fxopt.progress import progress
+
 #: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
 #: the tensor-core tile's do not; at M = 4 it was 1.7x slower on an H100)
 GEMV_MAX_M = 2
@@ -306,7 +308,8 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
             return _time_ms(lambda: run_int8(*kind_config, x2d, w, scale, bias, y, gated), x2d.device, reps)
 
         times = TUNING_TIMES[key] = {}
-        for kind_config in found:
+        for kind_config in progress(found, desc=f"tuning int8 kernel M={m} N={w.shape[0]} K={k}",
+                                    unit="config", delay=1.0):
             try:
                 times[kind_config] = timed(kind_config, 15)
             except triton.runtime.errors.OutOfResources:
