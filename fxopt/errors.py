@@ -120,3 +120,13 @@ class PatternError(FxoptError, ValueError):
     """A pattern or replacement is unusable: untraceable, unused arguments or dead code,
     or a replacement whose signature does not fit the pattern. Raised when the rule is
     created, never while matching."""
+
+
+class FactoryError(FxoptError, ValueError):
+    """A ``MODULE:FACTORY`` spec (the command line's model) cannot give a model: the module
+    or file is missing or fails to import, the attribute is missing or not callable, the
+    factory raised, or it returned something that is not a model."""
+
+
+class SaveError(FxoptError, RuntimeError):
+    """An optimized program could not be written in the format asked for."""
