@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fxopt.progress import progress
+
 CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny")
 ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_mlp")
 VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
@@ -222,7 +224,7 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str) -> dict[str,
     # timed in interleaved rounds: a drift of the machine hits every variant alike
     samples: dict[str, list[float]] = {v: [] for v in compiled}
     graph_samples: dict[str, list[float]] = {v: [] for v in compiled}
-    for _ in range(args.rounds):
+    for _ in progress(range(args.rounds), desc=f"{name} rounds", unit="round"):
         for variant, (fn, context) in compiled.items():
             with torch.no_grad(), context():
                 samples[variant].append(bench_ms(fn, inputs, device))

@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 
+from fxopt.progress import progress
+
 PROBE = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -64,7 +66,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     samples: dict[str, list] = {}
-    for _ in range(args.repeats):
+    for _ in progress(range(args.repeats), desc="repeats", unit="repeat"):
         for mode, warm in (("lookup", False), ("plan-python", False), ("plan-python", True),
                            ("plan-numba", True)):  # interleaved: load drifts alike
             for key, value in run(mode, warm).items():
