@@ -9,12 +9,14 @@ Quick start::
 
 from fxopt.errors import (
     AnalysisError,
+    FactoryError,
     FxoptError,
     InputError,
     PassContractError,
     PassError,
     PassOptionError,
     PipelineError,
+    SaveError,
     TraceError,
     UnknownPassError,
     VerificationError,
@@ -40,9 +42,10 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
+    "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "FactoryError", "Fixpoint", "FunctionPass",
+    "FxoptError",
     "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
-    "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
+    "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report", "SaveError",
     "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
     "compile", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
     "register_pass", "registered_passes", "report_of",
