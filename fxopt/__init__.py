@@ -7,6 +7,7 @@ Quick start::
     print(fxopt.report_of(gm))
 """
 
+from fxopt.analysis.ops import declare_op
 from fxopt.errors import (
     AnalysisError,
     FactoryError,
@@ -47,6 +48,6 @@ __all__ = [
     "InputError", "Instrumentation", "Option", "Pass", "PassContractError", "PassError",
     "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report", "SaveError",
     "SequencePass", "TraceError", "UnknownPassError", "VerificationError", "VerifyEach",
-    "compile", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
+    "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline", "record_replacement",
     "register_pass", "registered_passes", "report_of",
 ]

@@ -45,10 +45,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.ops import mutated_inputs
 from fxopt.analysis.shapes import VALUES_CURRENT
 from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name
@@ -377,26 +376,12 @@ def _fake(node: fx.Node) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
 
 
-#: torch-level norms that update running statistics (args positions) unless training is False
-_RUNNING_STATS = {
-    F.batch_norm: ((1, 2), 5, "training"),
-    torch.batch_norm: ((3, 4), 5, "training"),
-    F.instance_norm: ((1, 2), 5, "use_input_stats"),
-}
-
-
 def _written_storages(graph: fx.Graph) -> set | None:
-    """Storages any node writes in place (None if some written value is unknown)."""
+    """Storages any node writes in place, running statistics included (None if some
+    written value is unknown)."""
     written: set = set()
     for node in graph.nodes:
-        targets = list(mutated_inputs(node))
-        spec = _RUNNING_STATS.get(node.target) if node.op == "call_function" else None
-        if spec is not None:
-            positions, flag_pos, flag = spec
-            updating = node.kwargs.get(flag, node.args[flag_pos] if len(node.args) > flag_pos else True)
-            if updating is not False:
-                targets += [node.args[i] for i in positions if i < len(node.args) and isinstance(node.args[i], fx.Node)]
-        for target in targets:
+        for target in mutated_inputs(node):
             value = _fake(target)
             if value is None:
                 return None

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fxopt.analysis.ops import declare_op
 from fxopt.lazy import after_import
 
 _CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -189,6 +190,7 @@ for _schema, _generic, _cuda, _reference in (
     _LIB.impl(_name, _generic, "CompositeExplicitAutograd")
     _LIB.impl(_name, _cuda, "CUDA")
     torch.library.register_fake(f"fxopt::{_name}", _reference, lib=_LIB)
+    declare_op(f"fxopt::{_name}", pure=True)  # the same declaration users make for theirs
 
 
 # --- add+ReLU as one Triton kernel ----------------------------------------------------------

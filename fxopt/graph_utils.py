@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.fx as fx
@@ -26,14 +26,24 @@ def fresh_attr_name(gm: fx.GraphModule, base: str) -> str:
     return name
 
 
-def upstream(nodes: Iterable[fx.Node]) -> set[fx.Node]:
-    """Every node the given nodes depend on, transitively (the nodes themselves excluded
-    unless one depends on another)."""
+def _reach(nodes: Iterable[fx.Node], step: Callable[[fx.Node], Iterable[fx.Node]]) -> set[fx.Node]:
     seen: set[fx.Node] = set()
-    stack = [i for n in nodes for i in n.all_input_nodes]
+    stack = [m for n in nodes for m in step(n)]
     while stack:
         n = stack.pop()
         if n not in seen:
             seen.add(n)
-            stack.extend(n.all_input_nodes)
+            stack.extend(step(n))
     return seen
+
+
+def upstream(nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """Every node the given nodes depend on, transitively (the nodes themselves excluded
+    unless one depends on another)."""
+    return _reach(nodes, lambda n: n.all_input_nodes)
+
+
+def downstream(nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """Every node that depends on the given nodes, transitively (the nodes themselves
+    excluded unless one depends on another)."""
+    return _reach(nodes, lambda n: n.users)

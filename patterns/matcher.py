@@ -31,7 +31,7 @@ from fxopt.patterns.canon import COMMUTATIVE, Canon, ParamRef, canonicalize
 from fxopt.patterns.pattern import ANY, CompiledPattern
 
 from fxopt.analysis.alias import storages_of
-from fxopt.analysis.effects import mutated_inputs
+from fxopt.analysis.ops import is_barrier
 
 if TYPE_CHECKING:
     from fxopt.patterns.rules import Rule
@@ -268,32 +268,33 @@ def _write_is_invisible(written: Any, matched: set[fx.Node], outputs: set[fx.Nod
 @dataclass
 class SweepState:
     """Facts about the graph for one sweep: node positions (new nodes get fractions below
-    their anchor's) and, computed only if a match spans many nodes, where in-place writes
-    happen."""
+    their anchor's) and, computed only if a match spans many nodes, where the barriers are."""
 
     positions: dict[fx.Node, float]
-    writers: list[float] | None = None
+    barriers: list[float] | None = None
 
     #: matches spanning at most this many nodes are checked by walking the span
     WALK_LIMIT = 64
 
-    def write_between(self, gm: fx.GraphModule, first: fx.Node, anchor: fx.Node,
-                      matched: set[fx.Node]) -> bool:
-        """Whether a node outside ``matched`` writes in place between ``first`` and ``anchor``."""
+    def barrier_between(self, gm: fx.GraphModule, first: fx.Node, anchor: fx.Node,
+                        matched: set[fx.Node]) -> bool:
+        """Whether a node outside ``matched`` that nothing may move across (an in-place
+        write, a collective, an unknown op: :func:`fxopt.analysis.ops.is_barrier`) runs
+        between ``first`` and ``anchor``: the rewrite computes the match at the anchor."""
         node, steps = first.next, 0
         while node is not anchor and steps < self.WALK_LIMIT:
-            if node not in matched and mutated_inputs(node):
+            if node not in matched and is_barrier(node):
                 return True
             node, steps = node.next, steps + 1
         if node is anchor:
             return False
-        if self.writers is None:  # a long span: index the writers once for this sweep
-            self.writers = sorted(self.positions[n] for n in gm.graph.nodes
-                                  if n in self.positions and mutated_inputs(n))
-        lo = bisect.bisect_right(self.writers, self.positions[first])
-        hi = bisect.bisect_left(self.writers, self.positions[anchor])
+        if self.barriers is None:  # a long span: index the barriers once for this sweep
+            self.barriers = sorted(self.positions[n] for n in gm.graph.nodes
+                                   if n in self.positions and is_barrier(n))
+        lo = bisect.bisect_right(self.barriers, self.positions[first])
+        hi = bisect.bisect_left(self.barriers, self.positions[anchor])
         inside = {self.positions[g] for g in matched if g in self.positions}
-        return any(w not in inside for w in self.writers[lo:hi])
+        return any(w not in inside for w in self.barriers[lo:hi])
 
 
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
@@ -322,8 +323,9 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
         if form.inplace and not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")
-    if first is not anchor and sweep.write_between(m.gm, first, anchor, matched):
-        return "an in-place write outside the match happens between the matched nodes"
+    if first is not anchor and sweep.barrier_between(m.gm, first, anchor, matched):
+        return ("an in-place write, collective or unknown op outside the match runs between the "
+                "matched nodes; the rewrite would move computation across it")
     anchor_pos = positions[anchor]
     for out in outputs - {anchor}:
         early = [u for u in out.users if u not in matched and positions.get(u, anchor_pos + 1) < anchor_pos]

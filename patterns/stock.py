@@ -22,6 +22,7 @@ from fxopt.patterns.constraints import equals, is_tensor, rank
 from fxopt.patterns.rules import register_rules, rule
 
 import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+from fxopt.analysis.ops import declare_op
 
 aten = torch.ops.aten
 fxops = torch.ops.fxopt
@@ -53,8 +54,11 @@ def fold_bias(bias: torch.Tensor | None, gamma: torch.Tensor | None, beta: torch
     return folded.to(dtype_of.dtype)
 
 
-torch.fx.wrap("fold_weight")
-torch.fx.wrap("fold_bias")
+# leaf calls in the graph (wrapped), declared pure with the same API users have, so that
+# constant_fold and dce may treat them like any torch op
+for _fold in (fold_weight, fold_bias):
+    torch.fx.wrap(_fold.__name__)
+    declare_op(_fold, pure=True)
 
 
 # --- fold_conv_bn ----------------------------------------------------------------------------

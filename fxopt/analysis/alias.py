@@ -3,8 +3,9 @@
 Two nodes alias when their (fake) tensors share a storage: views, reshapes that did not
 copy, ``getitem`` of ``split``/``chunk``, ``contiguous()`` of a contiguous tensor. That
 is decided by the FakeTensor run itself rather than by a table of view ops, so it is
-right for ops we have never heard of. Mutation facts come from
-:func:`fxopt.analysis.effects.mutated_inputs` (op schemas and torch-level spellings).
+right for ops we have never heard of; the op-facts model adds what a fake run cannot
+show (``wait_tensor``'s result is its input's buffer; an unknown op may return an input). Mutation facts come from
+:func:`fxopt.analysis.ops.mutated_inputs` (op schemas and torch-level spellings).
 
 Storages that outlive the graph run are *external*: those of graph inputs (``inputs``)
 and those of parameters, buffers and constants (``constants``), including the ones a
@@ -25,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
-from fxopt.analysis.effects import mutated_inputs
 from fxopt.analysis.manager import register_analysis
+from fxopt.analysis.ops import mutated_inputs, unseen_aliases
 
 
 def storages_of(value: Any) -> set[StorageWeakRef]:
@@ -73,6 +74,11 @@ def alias_analysis(gm: fx.GraphModule, ctx: Any) -> AliasInfo:
         if node.op == "output":
             continue
         found = storages_of(node.meta.get("val"))
+        # what FakeTensor cannot show: wait_tensor returns its input's buffer, an unknown
+        # op may return any of its inputs, and a node without a value may be anything
+        may_share = unseen_aliases(node) if "val" in node.meta else node.all_input_nodes
+        for source in may_share:
+            found = found | info.storages.get(source, set())
         info.storages[node] = found
         for s in found:
             info.nodes_of[s].append(node)

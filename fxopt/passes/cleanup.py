@@ -1,6 +1,6 @@
 """Cleanup passes: dce, cse, constant_fold, remove_dropout, eliminate_identity.
 
-All of them consult :mod:`fxopt.analysis.effects`, which is what makes them sound where
+All of them consult :mod:`fxopt.analysis.ops`, which is what makes them sound where
 torch's own helpers are not: ``Graph.eliminate_dead_code()`` drops the unused results of
 ``x.add_()``, ``torch.relu_``, ``+=`` and ``nn.ReLU(inplace=True)``; ours keeps them,
 and CSE never merges random ops or computations separated by an in-place write.
@@ -15,9 +15,9 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.effects import is_pure, is_random, mutated_inputs
+from fxopt.analysis.ops import is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
-from fxopt.graph_utils import fetch_attr, fresh_attr_name, upstream
+from fxopt.graph_utils import downstream, fetch_attr, fresh_attr_name, upstream
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
@@ -98,7 +98,8 @@ def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
     """Nodes whose result may share a storage with a tensor that some node writes in place.
 
     Storage facts come from the alias analysis; without shapes to run it, every node a
-    written value was computed from is taken to share its storage (coarser, still sound).
+    written value was computed from or feeds is taken to share its storage (coarser, still
+    sound).
     """
     targets = {t for n in gm.graph.nodes for t in mutated_inputs(n)}
     if not targets:
@@ -106,7 +107,7 @@ def _possibly_written(gm: fx.GraphModule, ctx: Any) -> set[fx.Node]:
     try:
         alias = ctx.analysis("alias")
     except AnalysisError:
-        return set(targets) | upstream(targets)
+        return set(targets) | upstream(targets) | downstream(targets)
     written = set().union(*alias.writes.values())
     return {n for n, storages in alias.storages.items() if storages & written}
 
@@ -122,10 +123,14 @@ class ConstantFold(Pass):
     }
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
-        constant = {n for n in gm.graph.nodes if self._is_constant_source(gm, n)}
+        # a value that the graph writes in place (or a view of one) is not a constant: folded
+        # into a buffer, the write would change the buffer and every later call with it
+        written = _possibly_written(gm, ctx)
+        constant = {n for n in gm.graph.nodes
+                    if self._is_constant_source(gm, n) and n not in written}
         for node in gm.graph.nodes:
             if (node.op in ("call_function", "call_method", "call_module") and is_pure(node)
-                    and all(i in constant for i in node.all_input_nodes)):
+                    and node not in written and all(i in constant for i in node.all_input_nodes)):
                 constant.add(node)
         frontier = [n for n in gm.graph.nodes
                     if n in constant and n.op != "get_attr" and any(u not in constant for u in n.users)]

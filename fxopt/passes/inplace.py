@@ -26,111 +26,19 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
 from fxopt.analysis.alias import AliasInfo, storages_of
+from fxopt.analysis.ops import Variant, inplace_variant, is_collective, output_aliases
 from fxopt.analysis.shapes import record_value
+from fxopt.guards import add_dtype_guard
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass
 
-# ---------------------------------------------------------------------------------------
-# R11: which ops have an in-place form, and how to spell it
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Variant:
-    """How to spell the in-place form of an op. ``kind`` is one of:
-
-    ``"function"`` call ``target(self, *rest)``; ``"method"`` call ``self.<target>(*rest)``;
-    ``"flag"`` call the same function with ``inplace=True``; ``"module"`` call a copy of
-    the module with ``inplace=True``; ``"overload"`` call the ATen overload ``target``.
-    """
-
-    kind: str
-    target: Any = None
-    commutative: bool = False
-
-
-_OPERATORS = {
-    operator.add: Variant("function", operator.iadd, commutative=True),
-    operator.mul: Variant("function", operator.imul, commutative=True),
-    operator.sub: Variant("function", operator.isub),
-    operator.truediv: Variant("function", operator.itruediv),
-}
-_UNARY_FUNCTIONS = {torch.relu: torch.relu_, torch.sigmoid: torch.sigmoid_, torch.tanh: torch.tanh_,
-                    torch.exp: torch.exp_, torch.neg: torch.neg_, torch.abs: torch.abs_,
-                    torch.sqrt: torch.sqrt_, torch.clamp: torch.clamp_, torch.clamp_min: torch.clamp_min_,
-                    torch.rsqrt: torch.rsqrt_, torch.reciprocal: torch.reciprocal_}
-#: torch functions whose in-place form is a Tensor method (there is no torch.add_)
-_METHOD_FUNCTIONS = {torch.add: "add_", torch.mul: "mul_", torch.sub: "sub_", torch.div: "div_",
-                     torch.ge: "ge_", torch.gt: "gt_", torch.le: "le_", torch.lt: "lt_",
-                     torch.eq: "eq_", torch.ne: "ne_", torch.masked_fill: "masked_fill_"}
-_COMMUTATIVE_METHODS = frozenset({"add", "mul"})
-_METHODS = frozenset({"add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "clamp_min",
-                      "clamp_max", "neg", "exp", "abs", "sqrt", "rsqrt", "reciprocal", "masked_fill",
-                      "ge", "gt", "le", "lt", "eq", "ne", "hardtanh"})
-#: functionals with an ``inplace=`` flag (F.gelu has none: R11)
-_FLAG_FUNCTIONS = frozenset({F.relu, F.relu6, F.hardtanh, F.silu, F.hardswish, F.hardsigmoid, F.elu,
-                             F.celu, F.selu, F.leaky_relu, F.mish, F.threshold})
-#: modules with an ``inplace`` attribute whose in-place form is elementwise (not Dropout:
-#: in eval it returns its input itself)
-_FLAG_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.ELU,
-                 nn.CELU, nn.SELU, nn.LeakyReLU, nn.Mish, nn.Threshold)
-
-
-def inplace_overload(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """The in-place ATen overload with the same arguments as ``target``, if there is one."""
-    schema = target._schema
-    base = schema.name.split("::")[-1]
-    namespace = getattr(torch.ops, schema.name.split("::")[0], None)
-    packet = getattr(namespace, base + "_", None)
-    overload = getattr(packet, schema.overload_name or "default", None)
-    if overload is None or not isinstance(overload, torch._ops.OpOverload):
-        return None
-    ours, theirs = schema.arguments, overload._schema.arguments
-    if len(ours) != len(theirs) or not theirs or theirs[0].alias_info is None:
-        return None
-    if any(a.name != b.name or str(a.type) != str(b.type) or a.kwarg_only != b.kwarg_only
-           for a, b in zip(ours, theirs)):
-        return None
-    return overload
-
-
-def find_variant(node: fx.Node, gm: fx.GraphModule) -> Variant | None:
-    """The in-place spelling of ``node``'s op (R11), or None when it has none."""
-    target = node.target
-    if node.op == "call_function":
-        if isinstance(target, torch._ops.OpOverload):
-            overload = inplace_overload(target)
-            if overload is None:
-                return None
-            commutative = target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
-            return Variant("overload", overload, commutative and "alpha" not in node.kwargs)
-        try:
-            if target in _OPERATORS:
-                return _OPERATORS[target]
-            if target in _UNARY_FUNCTIONS:
-                return Variant("function", _UNARY_FUNCTIONS[target])
-            if target in _METHOD_FUNCTIONS:
-                commutative = target in (torch.add, torch.mul) and "alpha" not in node.kwargs
-                return Variant("method", _METHOD_FUNCTIONS[target], commutative)
-            if target in _FLAG_FUNCTIONS:
-                return Variant("flag", target)
-        except TypeError:  # unhashable callable
-            return None
-    elif node.op == "call_method" and target in _METHODS:
-        commutative = target in _COMMUTATIVE_METHODS and "alpha" not in node.kwargs
-        return Variant("method", target + "_", commutative)
-    elif node.op == "call_module":
-        mod = gm.get_submodule(node.target)
-        if type(mod) in _FLAG_MODULES and not mod.inplace:
-            return Variant("module", mod)
-    return None
+# R11: which ops have an in-place form, and how to spell it, is an op fact
+# (:func:`fxopt.analysis.ops.inplace_variant`).
 
 
 def _self_choices(node: fx.Node, variant: Variant) -> list[fx.Node]:
@@ -218,6 +126,8 @@ class Facts:
     saved: dict[tuple[fx.Node, int], set[fx.Node]] | None
     autograd_safe: bool
     inference_storages: set[StorageWeakRef] = field(default_factory=set)
+    #: (collective's position, its wait's position, storages it reads and fills) (R16)
+    in_flight: list[tuple[int, float, set[StorageWeakRef]]] = field(default_factory=list)
 
 
 def _val(node: Any) -> torch.Tensor | None:
@@ -362,11 +272,21 @@ def r14_elementwise(c: Candidate, f: Facts) -> str | None:
     return None
 
 
+def r16_collective_in_flight(c: Candidate, f: Facts) -> str | None:
+    """A collective reads its input (and fills its result) asynchronously until its
+    ``wait_tensor``: nothing may write those buffers in between."""
+    here = f.order[c.node]
+    for start, end, storages in f.in_flight:
+        if start < here < end and f.classes.contains_any(c.self_arg, storages):
+            return "self's buffer is in use by a collective that has not been waited for"
+    return None
+
+
 RULES: tuple[Callable[[Candidate, Facts], str | None], ...] = (
     r1_graph_inputs, r2_parameters_and_constants, r3_later_alias_reads, r4_graph_outputs,
     r5_same_shape, r6_self_read_through_other_argument, r7_internal_overlap, r8_same_dtype,
     r9_autograd, r10_inference_tensors, r11_inplace_variant, r12_multi_output_views,
-    r13_result_used, r14_elementwise,
+    r13_result_used, r14_elementwise, r16_collective_in_flight,
 )
 # R15 (lifetimes merge) is StorageClasses.merge, applied after every conversion, and the
 # plan_memory pass declares after=("inplace",) so it plans on the merged lifetimes.
@@ -453,11 +373,12 @@ class InPlace(Pass):
             autograd_safe=self.options["autograd_safe"],
             inference_storages=_inference_storages(gm, ctx),
         )
+        facts.in_flight = _collectives_in_flight(gm, facts)
         converted: list[str] = []
         rejected: dict[str, int] = {}
         module_copies: dict[str, str] = {}
         for node in list(gm.graph.nodes):
-            variant = find_variant(node, gm)
+            variant = inplace_variant(node, gm)
             if variant is None:
                 continue
             chosen = None
@@ -473,10 +394,26 @@ class InPlace(Pass):
             new = rewrite(chosen, gm, module_copies, self.name)
             _adopt_facts(facts, node, new, chosen.self_arg)
             converted.append(new.name)
+        if converted:
+            # R8 decided on the example inputs' dtypes: other dtypes must not run silently
+            add_dtype_guard(gm, self.name)
         # rejected_by_rule counts (candidate, self) pairs: a commutative op whose first
         # operand is rejected may still convert with the second
         return PassResult(bool(converted), {"converted": len(converted), "nodes": converted,
                                             "rejected_by_rule": dict(sorted(rejected.items()))})
+
+
+def _collectives_in_flight(gm: fx.GraphModule, f: Facts) -> list[tuple[int, float, set]]:
+    """For each collective, the span of positions until its first wait (or the graph's end)."""
+    spans = []
+    for node in gm.graph.nodes:
+        if not is_collective(node) or output_aliases(node):
+            continue  # a wait (it hands back its input's buffer) closes a span, opens none
+        waits = [f.order[u] for u in node.users if is_collective(u) and u in f.order]
+        storages = set().union(set(), *(f.alias.storages.get(n, set())
+                                        for n in (node, *node.all_input_nodes)))
+        spans.append((f.order[node], min(waits, default=float("inf")), storages))
+    return spans
 
 
 def _adopt_facts(f: Facts, old: fx.Node, new: fx.Node, self_arg: fx.Node) -> None:

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fxopt.analysis.ops import declare_op
+
 _LIB = torch.library.Library("fxopt_quant", "DEF")
 
 #: ranges of the symmetric schemes: -127..127 (-7..7) keeps zero exactly representable
@@ -46,6 +48,7 @@ def _define_composite(schema: str, fn) -> None:
     """Define an op whose Python body is its decomposition (see the module docstring)."""
     _LIB.define(schema)
     _LIB.impl(schema.split("(", 1)[0], fn, "CompositeImplicitAutograd")
+    declare_op(f"fxopt_quant::{schema.split('(', 1)[0]}", pure=True)
 
 
 def _define_kernel(schema: str, cpu, cuda, fake) -> None:
@@ -55,6 +58,7 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
     _LIB.impl(name, cpu, "CPU")
     _LIB.impl(name, cuda, "CUDA")
     torch.library.register_fake(f"fxopt_quant::{name}")(fake)
+    declare_op(f"fxopt_quant::{name}", pure=True)
 
 
 def quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxopt.analysis.effects import is_pure
+from fxopt.analysis.ops import is_pure
 from fxopt.errors import EquivalenceError, InputError, ReferenceFailureError
 from fxopt.progress import progress as progress_bar
 from fxopt.testing.equivalence import assert_equivalent

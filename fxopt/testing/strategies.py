@@ -821,6 +821,133 @@ def _aliases(b: _Builder, x: _Value) -> bool:
 OP_KINDS: tuple[str, ...] = tuple(OPS)
 
 
+# effects (opt in with ``fx_graphs(effects=True)``) ------------------------------------
+# What real programs do and the equivalence of outputs alone does not see: writes into
+# inputs and buffers, running statistics, random draws, calls with effects outside any
+# tensor, custom ops that mutate, collectives. A pass must preserve all of them.
+
+#: calls of :func:`logged_call`, in order: a wrapped function's effect outside tensors
+CALL_LOG: list[float] = []
+
+
+def logged_call(x: torch.Tensor) -> torch.Tensor:
+    """An ``fx.wrap``'d function with an effect (it appends to :data:`CALL_LOG`)."""
+    CALL_LOG.append(float(x.sum()))
+    return x + 1.0
+
+
+torch.fx.wrap("logged_call")
+
+_FUZZ_LIB = torch.library.Library("fxopt_fuzz", "DEF")
+_FUZZ_LIB.define("scale_(Tensor(a!) x, float s) -> ()")
+_FUZZ_LIB.define("scale_.twice(Tensor(a!) x) -> ()")
+
+
+def _scale_kernel(x: torch.Tensor, s: float = 2.0) -> None:
+    x.mul_(s)
+
+
+_FUZZ_LIB.impl("scale_", _scale_kernel, "CompositeExplicitAutograd")
+_FUZZ_LIB.impl("scale_.twice", _scale_kernel, "CompositeExplicitAutograd")
+
+
+@_op("batch_norm_train")
+def _batch_norm_train(b: _Builder, x: _Value) -> _Value | None:
+    if x.rank < 2 or x.numel // x.shape[1] < 2:
+        return None  # training batch norm needs more than one value per channel
+    c = x.shape[1]
+    mean, var = b.constant((c,), -0.5, 0.5), b.constant((c,), 0.5, 2.0)
+    out = math.sqrt(x.numel // c) + 0.2  # |(x - mean) / std| <= sqrt(n - 1)
+    return b.call(F.batch_norm, (x.node, mean, var), {"training": True, "momentum": 0.1, "eps": 1e-3},
+                  shape=x.shape, lo=-out, hi=out, inputs=[x])
+
+
+@_op("dropout_train")
+def _dropout_train(b: _Builder, x: _Value) -> _Value | None:
+    return b.call(F.dropout, (x.node,), {"p": 0.5, "training": True}, shape=x.shape,
+                  lo=min(2 * x.lo, 0.0), hi=max(2 * x.hi, 0.0), inputs=[x])
+
+
+@_op("logged_call")
+def _logged_call(b: _Builder, x: _Value) -> _Value | None:
+    return b.call(logged_call, (x.node,), shape=x.shape, lo=x.lo + 1, hi=x.hi + 1, inputs=[x])
+
+
+@_op("custom_op_write")
+def _custom_op_write(b: _Builder, x: _Value) -> _Value | None:
+    """A mutating custom op through its packet or an overload; its ``()`` result is unused."""
+    if not b.writable(x) or x.bound * 2 > LIMIT:
+        return None
+    target = [torch.ops.fxopt_fuzz.scale_, torch.ops.fxopt_fuzz.scale_.default,
+              torch.ops.fxopt_fuzz.scale_.twice][b.integer(0, 2)]
+    args = (x.node,) if target is torch.ops.fxopt_fuzz.scale_.twice else (x.node, 2.0)
+    node = b.graph.call_function(target, args)
+    node.meta["val"] = None
+    b.write(x, min(2 * x.lo, x.lo), max(2 * x.hi, x.hi))
+    return x
+
+
+@_op("input_write")
+def _input_write(b: _Builder, x: _Value) -> _Value | None:
+    """``x.add_(0.5)`` on a graph input or a buffer: the caller sees the write."""
+    targets = [v for v in b.values if v.node.op in ("placeholder", "get_attr")
+               and v.group not in b.expanded]
+    if not targets:
+        return None
+    target = b.pick(targets)
+    result = b.call("add_", (target.node, 0.5), shape=target.shape, lo=target.lo + 0.5,
+                    hi=target.hi + 0.5, op="call_method", alias=target)
+    if result is not None:
+        b.write(target, target.lo + 0.5, target.hi + 0.5)
+    return result
+
+
+@_op("buffer_write")
+def _buffer_write(b: _Builder, x: _Value) -> _Value | None:
+    """A buffer read, then written in place (a value constant folding must not freeze)."""
+    data = (torch.rand(x.shape, generator=b.generator) - 0.5).to(b.dtype)
+    node = b.constant(x.shape, data=data)
+    buffer = _Value(node, x.shape, -0.5, 0.5, b.new_group())
+    b.values.append(buffer)
+    doubled = b.call(operator.mul, (node, 2.0), shape=x.shape, lo=-1.0, hi=1.0, inputs=[buffer])
+    if doubled is None or x.bound > LIMIT - 1:
+        return doubled
+    b.call("add_", (node, x.node), shape=x.shape, lo=-0.5 + x.lo, hi=0.5 + x.hi, op="call_method",
+           alias=buffer)
+    b.write(buffer, -0.5 + min(x.lo, 0.0), 0.5 + max(x.hi, 0.0))
+    return doubled
+
+
+def single_process_group() -> str | None:
+    """The name of a one-rank gloo process group (created on first use), or None where
+    torch.distributed is unavailable: enough to put real collectives in a graph."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        return None
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD.group_name
+
+
+@_op("all_reduce")
+def _all_reduce(b: _Builder, x: _Value) -> _Value | None:
+    group = single_process_group()
+    if group is None:
+        return None
+    c10d = torch.ops._c10d_functional
+    reduced = b.call(c10d.all_reduce.default, (x.node, "sum", group), shape=x.shape, lo=x.lo,
+                     hi=x.hi, inputs=[x])
+    if reduced is None:
+        return None
+    return b.call(c10d.wait_tensor.default, (reduced.node,), shape=x.shape, lo=x.lo, hi=x.hi,
+                  alias=reduced)
+
+
+#: the effectful op kinds (not in :data:`OP_KINDS`: graphs with them are not pure functions)
+EFFECT_KINDS: tuple[str, ...] = tuple(k for k in OPS if k not in OP_KINDS)
+
+
 # --- strategies -------------------------------------------------------------------------
 
 
@@ -838,7 +965,7 @@ def build_graph(choices: bytes, seed: int = 0, *, dtype: torch.dtype = torch.flo
     kinds = list(OP_KINDS if ops is None else ops)
     unknown = sorted(set(kinds) - set(OPS))
     if unknown:
-        raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OP_KINDS)}")
+        raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OPS)}")
     b = _Builder(choices, dtype, seed)
     b.start_op(0)
     for _ in range(b.integer(1, max_inputs)):
@@ -864,18 +991,21 @@ def build_graph(choices: bytes, seed: int = 0, *, dtype: torch.dtype = torch.flo
 @st.composite
 def fx_graphs(draw: Callable[[st.SearchStrategy], Any], min_ops: int = 1, max_ops: int = 20, *,
               dtype: torch.dtype = torch.float32, ops: Iterable[str] | None = None,
-              max_inputs: int = 3) -> fx.GraphModule:
+              max_inputs: int = 3, effects: bool = False) -> fx.GraphModule:
     """Random valid GraphModules of ``min_ops``..``max_ops`` ops drawn from ``ops``
-    (default: all of :data:`OP_KINDS`) over 1..``max_inputs`` inputs of ``dtype``.
+    (default: all of :data:`OP_KINDS`, plus :data:`EFFECT_KINDS` with ``effects=True``)
+    over 1..``max_inputs`` inputs of ``dtype``.
 
     Outputs are a tuple of some of the values nothing else uses (the rest is dead code
     on purpose); parameters are buffers read with ``get_attr``. Draw inputs with
     :func:`inputs_for`.
     """
+    if ops is None and effects:
+        ops = OP_KINDS + EFFECT_KINDS
     if ops is not None:
         unknown = sorted(set(ops) - set(OPS))
         if unknown:
-            raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OP_KINDS)}")
+            raise ValueError(f"unknown op kinds {unknown}; known: {', '.join(OPS)}")
     choices = draw(st.binary(min_size=_CHUNK * (min_ops + 1), max_size=_CHUNK * (max_ops + 1)))
     return build_graph(choices, draw(_SEED), dtype=dtype, ops=ops, max_inputs=max_inputs)
 

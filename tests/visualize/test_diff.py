@@ -169,11 +169,13 @@ def demo_pipeline_step(name: str) -> tuple:
 
 def inplace_case() -> tuple:
     """Which ops become in-place is the inplace pass's business (its rules evolve): the
-    truth is the set of nodes it says it rewrote, each a one-for-one replacement."""
+    truth is the set of nodes it says it rewrote, each a one-for-one replacement, plus the
+    dtype guard it adds whenever it converts anything."""
     before, after = pass_diff(conv_bn_relu(), ["inplace"], IMG)
     rewritten = [n for n in after.graph.nodes if n.meta.get("fxopt.created_by") == "inplace"]
     assert rewritten and all(len(n.meta["fxopt.replaces"]) == 1 for n in rewritten)
-    return before, after, Expect(changed={n.meta["fxopt.replaces"][0] for n in rewritten}, added=set())
+    return before, after, Expect(changed={n.meta["fxopt.replaces"][0] for n in rewritten},
+                                 added={"check_input_dtypes"})
 
 
 STOCK: dict[str, Callable[[], tuple]] = {

@@ -1,0 +1,69 @@
+"""One rank of a real 2-process gloo program, optimized by fxopt (run by test_collectives).
+
+Usage: python collectives_worker.py RANK INIT_FILE OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxopt
+
+aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+
+
+def program(x):
+    group = dist.group.WORLD
+    a = funcol.all_reduce(x, "sum", group)
+    b = funcol.all_reduce(x, "sum", group)  # identical twin: must not be merged
+    funcol.all_reduce(x * 3, "sum", group)  # result unused: must not be dropped
+    y = x * 2
+    c = funcol.all_reduce(y, "sum", group)
+    z = torch.relu(y)  # must not be written into y while c is in flight
+    return a + b + c + z
+
+
+def collectives(gm):
+    return [n.target for n in gm.graph.nodes if "_c10d_functional" in str(n.target)]
+
+
+def delay_last_wait(gm):
+    """Move the last wait_tensor to just before its first use (as compute/communication
+    overlap does), so that relu runs while the all_reduce of its input is in flight."""
+    wait = [n for n in gm.graph.nodes if n.target is c10d.wait_tensor.default][-1]
+    first_use = min(wait.users, key=lambda u: list(gm.graph.nodes).index(u))
+    first_use.prepend(wait)
+    gm.recompile()
+    return gm
+
+
+def main(rank: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    x = torch.randn(8)
+    gm = delay_last_wait(make_fx(program)(x))
+    expected = gm(x.clone())
+    report = {"before": [str(t) for t in collectives(gm)]}
+    for name, passes in (("cleanup", ["cse", "dce"]), ("inplace", ["inplace"]),
+                         ("default", fxopt.DEFAULT_PIPELINE)):
+        opt = fxopt.optimize(gm, passes=passes, example_inputs=(x,))
+        got = opt(x.clone())
+        report[name] = {
+            "collectives": [str(t) for t in collectives(opt)],
+            "equal": bool(torch.allclose(got, expected)),
+            "inplace_ops": [str(n.target) for n in opt.graph.nodes
+                            if n.op == "call_function" and str(n.target).endswith("_.default")],
+        }
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
