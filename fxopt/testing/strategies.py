@@ -889,9 +889,9 @@ def _custom_op_write(b: _Builder, x: _Value) -> _Value | None:
 
 @_op("input_write")
 def _input_write(b: _Builder, x: _Value) -> _Value | None:
-    """``x.add_(0.5)`` on a graph input or a buffer: the caller sees the write."""
-    targets = [v for v in b.values if v.node.op in ("placeholder", "get_attr")
-               and v.group not in b.expanded]
+    """``x.add_(0.5)`` on a graph input or a buffer, directly or through a chain of views
+    of one (a view shares its base's group): the caller sees the write."""
+    targets = [v for v in b.values if v.group in b.external and v.group not in b.expanded]
     if not targets:
         return None
     target = b.pick(targets)

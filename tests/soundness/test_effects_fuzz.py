@@ -98,3 +98,32 @@ def test_each_effect_kind_runs_and_is_effectful(kind):
     assert gm.meta["fxopt.op_kinds"] == ["relu", kind]
     gm(*[torch.randn(v.meta["val"].shape) for v in gm.graph.nodes if v.op == "placeholder"])
     assert any(not is_pure(n) for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
+
+
+VIEW_CHAIN_KINDS = ["view", "reshape", "permute", "transpose", "unsqueeze", "slice", "narrow",
+                    "select", "split", "chunk", "input_write", "relu", "add", "mul", "sum"]
+
+
+@pytest.mark.parametrize("passes", PIPELINES, ids=lambda p: "+".join(p) if len(p) == 1 else "default")
+def test_writes_through_view_chains(passes):
+    """Inputs and buffers written through chains of views (a slice of a transpose of an
+    input, ``add_``'d) between pure uses of them: every pipeline keeps the writes, the
+    values read before and after them, and the caller's tensors."""
+    checked = 0
+    for seed in range(12):
+        choices = torch.randint(0, 256, (16 * 14,), generator=torch.Generator().manual_seed(seed))
+        gm = strategies.build_graph(bytes(choices.tolist()), seed, ops=VIEW_CHAIN_KINDS)
+        if "input_write" not in gm.meta["fxopt.op_kinds"]:
+            continue
+        inputs = tuple(torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder")
+        before = {k: v.clone() for k, v in gm.named_buffers()}
+        eager = run(copy.deepcopy(gm), inputs)
+        written = {k for k, v in eager["buffers"].items() if not torch.equal(v, before[k])}
+        try:
+            optimized = fxopt.optimize(copy.deepcopy(gm), passes=passes,
+                                       example_inputs=tuple(t.clone() for t in inputs))
+        except fxopt.FxoptError:
+            continue
+        assert_same_effects(eager, run(optimized, inputs), written)
+        checked += 1
+    assert checked >= 6, "too few graphs wrote through a view chain"
