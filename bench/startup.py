@@ -10,6 +10,9 @@
   with the numba solver forced (``PYTHON_GREEDY_MAX = 0``, loaded from numba's disk cache),
   to show what the pure-Python greedy for small problems saves.
 
+Each figure is given as wall time and as the process's CPU time: on a shared, loaded
+machine the CPU time is the steadier of the two.
+
     python bench/startup.py --repeats 7
 """
 
@@ -25,17 +28,18 @@ from fxopt.progress import progress
 
 PROBE = r"""
 import json, sys, time
-t0 = time.perf_counter()
+clock = lambda: (time.perf_counter(), time.process_time())
+since = lambda t: [time.perf_counter() - t[0], time.process_time() - t[1]]
+t0 = clock()
 import torch
-t1 = time.perf_counter()
+t1 = clock()
 import fxopt
-t2 = time.perf_counter()
-out = {"import torch": t1 - t0, "import fxopt after torch": t2 - t1}
+out = {"import torch": since(t0), "import fxopt after torch": since(t1)}
 if MODE == "lookup":
-    t = time.perf_counter(); fxopt.get_pass_class("dce"); out["get_pass_class('dce')"] = time.perf_counter() - t
-    t = time.perf_counter(); fxopt.PassManager(list(fxopt.DEFAULT_PIPELINE))
-    out["PassManager(DEFAULT_PIPELINE), not run"] = time.perf_counter() - t
-    t = time.perf_counter(); fxopt.registered_passes(); out["registered_passes() (all modules)"] = time.perf_counter() - t
+    t = clock(); fxopt.get_pass_class("dce"); out["get_pass_class('dce')"] = since(t)
+    t = clock(); fxopt.PassManager(list(fxopt.DEFAULT_PIPELINE))
+    out["PassManager(DEFAULT_PIPELINE), not run"] = since(t)
+    t = clock(); fxopt.registered_passes(); out["registered_passes() (all modules)"] = since(t)
     out["torch._inductor imported"] = "torch._inductor" in sys.modules
 else:
     from fxopt.memory import solver
@@ -46,10 +50,10 @@ else:
     if WARM:  # torch's first FakeTensor run done first: what is left is plan_memory's own
         fxopt.optimize(torch.fx.symbolic_trace(model), [], example_inputs=inputs)
     gm = torch.fx.symbolic_trace(model)
-    t = time.perf_counter(); fxopt.optimize(gm, ["plan_memory"], example_inputs=inputs)
+    t = clock(); fxopt.optimize(gm, ["plan_memory"], example_inputs=inputs)
     label = MODE + (": first plan_memory after a first optimize" if WARM else
                     ": first optimize(['plan_memory']) in the process")
-    out[label] = time.perf_counter() - t
+    out[label] = since(t)
     out[MODE + ": numba imported"] = "numba" in sys.modules
 print(json.dumps(out))
 """
@@ -71,14 +75,17 @@ def main() -> None:
                            ("plan-numba", True)):  # interleaved: load drifts alike
             for key, value in run(mode, warm).items():
                 samples.setdefault(key, []).append(value)
-    print(f"median of {args.repeats} fresh processes (python {sys.version.split()[0]})")
+    print(f"median of {args.repeats} fresh processes (python {sys.version.split()[0]}); "
+          "wall ms (min-max) | CPU ms of the process (min-max)")
     for key, values in samples.items():
         if isinstance(values[0], bool):
-            print(f"  {key:48s} {all(values)}")
-        else:
-            print(f"  {key:48s} {statistics.median(values) * 1e3:8.1f} ms   "
-                  f"(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f})")
-
+            print(f"  {key:58s} {all(values)}")
+            continue
+        cells = []
+        for column in zip(*values):
+            ms = [v * 1e3 for v in column]
+            cells.append(f"{statistics.median(ms):7.1f} ({min(ms):.0f}-{max(ms):.0f})")
+        print(f"  {key:58s} " + " | ".join(cells))
 
 if __name__ == "__main__":
     main()
