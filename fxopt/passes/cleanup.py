@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxopt.analysis.ops import is_pure, is_random, mutated_inputs
+from fxopt.analysis.ops import is_barrier, is_pure, is_random, mutated_inputs
 from fxopt.errors import AnalysisError
 from fxopt.graph_utils import downstream, fetch_attr, fresh_attr_name, upstream
 from fxopt.pass_protocol import Option, Pass, PassResult
@@ -66,7 +66,12 @@ def _hashable(value: Any) -> Any:
 
 @register_pass
 class CommonSubexpressionElimination(Pass):
-    """Merge identical pure computations; never random ops or ones across an in-place write."""
+    """Merge identical pure computations; never random ops, and never across a barrier.
+
+    Merging moves the later computation up to the earlier one, so it obeys the same rule
+    as any move: no write, collective, unknown op (Dynamo's ``_set_grad_enabled``: the
+    twins run under different grad modes) or stateful op may lie between the twins.
+    """
 
     name = "cse"
     preserves = ("shapes",)
@@ -76,8 +81,9 @@ class CommonSubexpressionElimination(Pass):
         merged = 0
         written = _possibly_written(gm, ctx)
         for node in list(gm.graph.nodes):
-            if mutated_inputs(node):
-                # a write may change what any earlier expression would compute now
+            if is_barrier(node):
+                # a write may change what an earlier expression would compute now; an
+                # unknown op may change the mode it runs in
                 seen.clear()
                 continue
             if node.op not in ("call_function", "call_method", "call_module", "get_attr") or not is_pure(node):

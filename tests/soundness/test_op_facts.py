@@ -315,3 +315,43 @@ def test_export_training_graph_facts():
     bn = next(f for t, f in found.items() if "batch_norm" in t)
     assert bn.stateful or bn.writes
     assert any(f.random for t, f in found.items() if "dropout" in t)
+
+
+class NoGradBranch(nn.Module):
+    """The same linear inside and outside ``torch.no_grad()``: Dynamo's graph has both,
+    separated by ``torch._C._set_grad_enabled`` calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            frozen = self.linear(x)
+        return self.linear(x) * frozen
+
+
+def test_cse_never_merges_across_a_grad_mode_switch():
+    graphs: list[tuple[fx.GraphModule, list]] = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = NoGradBranch()
+    torch.compile(model, backend=grab, fullgraph=True)(torch.randn(2, 4))
+    gm, example_inputs = graphs[0]
+    optimized = fxopt.optimize(copy.deepcopy(gm), passes=["cse", "dce"], example_inputs=example_inputs)
+    linears = [n for n in optimized.graph.nodes if n.target is F.linear]
+    assert len(linears) == 2, "the no_grad linear and the grad linear were merged"
+
+    x = torch.randn(2, 4)
+    args = [x if a.shape == x.shape and not isinstance(a, nn.Parameter) else a for a in example_inputs]
+    (expected,), (got,) = gm(*args), optimized(*args)
+    assert got.requires_grad and expected.requires_grad
+    torch.testing.assert_close(got, expected)
+    weight = next(a for a in args if isinstance(a, nn.Parameter) and a.dim() == 2)
+    (g_expected,) = torch.autograd.grad(expected.sum(), weight)
+    (g_got,) = torch.autograd.grad(got.sum(), weight)
+    torch.testing.assert_close(g_got, g_expected)
