@@ -36,6 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fxopt.progress import progress
+
 CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
 ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_decoder", "llama_mlp")
 VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
@@ -331,7 +333,7 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
     cuda = device == "cuda"
     settings = [("", False)] + ([("bench_", True)] if args.cudnn_benchmark and cuda else [])
     samples: dict[tuple[str, str], list[float]] = {}
-    for _ in range(args.rounds):
+    for _ in progress(range(args.rounds), desc=f"{name} rounds", unit="round"):
         for variant, (fn, context) in compiled.items():
             for prefix, flag in settings:
                 with torch.no_grad(), context(), _cudnn_benchmark(flag):

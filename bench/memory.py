@@ -39,6 +39,7 @@ from fxopt.memory.executor import ArenaRunner  # noqa: E402
 from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
 from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
 from fxopt.models import ZOO, example_inputs  # noqa: E402
+from fxopt.progress import progress  # noqa: E402
 
 MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
 
@@ -167,7 +168,7 @@ def guarded(name: str, *args, **kwargs) -> dict:
 
 def zoo_rows(device: str) -> list[dict]:
     rows = []
-    for name, factory in ZOO.items():
+    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}", unit="model"):
         model = factory().to(device)
         inputs = tuple(x.to(device) for x in example_inputs(name))
         rows.append(guarded(name, model, inputs, device))
@@ -222,7 +223,7 @@ def scaling_row() -> dict:
 
 def minimalloc_rows(seconds: float) -> list[dict]:
     rows = []
-    for path in sorted(MINIMALLOC.glob("*.csv")):
+    for path in progress(sorted(MINIMALLOC.glob("*.csv")), desc="MiniMalloc instances", unit="instance"):
         with open(path) as f:
             buffers = [Buffer(r["id"], int(r["lower"]), int(r["upper"]) - 1, int(r["size"]))
                        for r in csv.DictReader(f)]

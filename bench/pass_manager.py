@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import fxopt
 from fxopt.context import PassContext
 from fxopt.pipeline import resolve
+from fxopt.progress import progress
 
 PIPELINE = ["remove_dropout", "eliminate_identity", "constant_fold", "cse", "dce"] * 2
 
@@ -82,7 +83,7 @@ def main() -> None:
                 "PassManager, instrumentation on": with_manager(True)}
     times: dict[str, list[float]] = {name: [] for name in variants}
     results = {}
-    for _ in range(args.trials):
+    for _ in progress(range(args.trials), desc="trials", unit="trial"):
         for name, fn in variants.items():
             gm = copy.deepcopy(template)
             start = time.process_time()

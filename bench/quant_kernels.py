@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fxopt.quant as fq  # noqa: E402
 from bench.quant_gpu import HIDDEN, D, bench  # noqa: E402
+from fxopt.progress import progress  # noqa: E402
 from fxopt.quant import triton_kernels as tk  # noqa: E402
 
 #: the Llama stack's linear shapes (weight rows, K, name, gated): "swiglu" is the merged
@@ -101,7 +102,7 @@ def main() -> None:
         print(msg, flush=True)
 
     rows = []
-    for n, k, name, gated in SHAPES:
+    for n, k, name, gated in progress(SHAPES, desc="shapes", unit="shape"):
         rows += shape_rows(n, k, name, gated, ms, log)
         with open(os.path.join(args.out, "quant_kernels.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

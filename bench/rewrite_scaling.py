@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 import fxopt.fused_ops  # noqa: F401 - torch.ops.fxopt.add_relu
+from fxopt.progress import progress
 
 
 def build(kind: str, nodes: int) -> fx.GraphModule:
@@ -147,7 +148,7 @@ def main() -> None:
     many = [one, *other_rules(49)]
     rows = []
     for kind in ("chain", "ladder"):
-        for nodes in sizes:
+        for nodes in progress(sizes, desc=f"{kind} graphs", unit="size"):
             base = build(kind, nodes)
             n_nodes = len(base.graph.nodes)
             fx_times, hand_times, many_times = [], [], []

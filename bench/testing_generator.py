@@ -26,6 +26,7 @@ import torch.fx as fx
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
+from fxopt.progress import progress
 from fxopt.testing.minimize import node_count
 from fxopt.testing.strategies import OP_KINDS, build_graph, fx_graphs, inputs_for
 
@@ -49,7 +50,7 @@ def hypothesis_rate(count: int) -> tuple[float, float]:
 def core_rate(count: int) -> tuple[float, float]:
     rng = random.Random(0)
     start, cpu = time.perf_counter(), time.process_time()
-    for seed in range(count):
+    for seed in progress(range(count), desc="build_graph", unit="graph"):
         build_graph(rng.randbytes(16 * rng.randint(21, 51)), seed)
     return count / (time.perf_counter() - start), count / (time.process_time() - cpu)
 

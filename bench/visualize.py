@@ -28,6 +28,7 @@ from fxopt.visualize import diff_graphs, diff_to_dot, find_renderer, render_diff
 from torch.fx.passes.shape_prop import ShapeProp
 
 import fxopt
+from fxopt.progress import progress
 
 _OPS = (torch.add, torch.mul, torch.sub, torch.maximum)
 
@@ -94,7 +95,7 @@ def main() -> None:
     print(f"renderer: {find_renderer()}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}")
     rows = []
-    for n in args.sizes:
+    for n in progress(args.sizes, desc="graph sizes", unit="size"):
         gm = ladder(n)
         optimized = fxopt.optimize(gm, passes=["cse", "dce"])
         record = next(r for r in fxopt.report_of(optimized).records if r.before is not None)

@@ -10,6 +10,7 @@ Quick start::
 from fxopt.analysis.ops import declare_op
 from fxopt.errors import (
     AnalysisError,
+    FactoryError,
     FxoptError,
     InputError,
     MissingFakeImplError,
@@ -20,6 +21,7 @@ from fxopt.errors import (
     PassOptionError,
     PipelineError,
     ProfileError,
+    SaveError,
     TraceError,
     UnknownPassError,
     VerificationError,
@@ -49,10 +51,11 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "Fixpoint", "FunctionPass", "FxoptError",
-    "InputError", "Instrumentation", "MissingFakeImplError", "ModelTypeError", "NotAPassError", "Option", "Pass", "PassContractError", "PassError",
-    "PassManager", "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Report",
-    "Profile", "ProfileError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
+    "DEFAULT_PIPELINE", "AnalysisError", "Conditional", "FactoryError", "Fixpoint", "FunctionPass",
+    "FxoptError", "InputError", "Instrumentation", "MissingFakeImplError", "ModelTypeError",
+    "NotAPassError", "Option", "Pass", "PassContractError", "PassError", "PassManager",
+    "PassOptionError", "PassRecord", "PassResult", "PipelineError", "Profile", "ProfileError",
+    "Report", "SaveError", "SequencePass", "TraceError", "UnknownPassError", "VerificationError",
     "VerifyEach", "compile", "declare_op", "get_pass_class", "optimize", "origins", "parse_pipeline",
     "profile", "profile_compiled", "record_replacement",
     "register_pass", "registered_passes", "report_of",

@@ -163,3 +163,13 @@ class ProfileError(FxoptError, RuntimeError):
         self.node = node
         where = f" at node {node!r}" if node else ""
         super().__init__(f"profiling failed{where}: {message}")
+
+
+class FactoryError(FxoptError, ValueError):
+    """A ``MODULE:FACTORY`` spec (the command line's model) cannot give a model: the module
+    or file is missing or fails to import, the attribute is missing or not callable, the
+    factory raised, or it returned something that is not a model."""
+
+
+class SaveError(FxoptError, RuntimeError):
+    """An optimized program could not be written in the format asked for."""

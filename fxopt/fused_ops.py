@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fxopt.analysis.ops import declare_op
+from fxopt.lazy import after_import
 
 _CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _KEEP_CUDNN_IN_INDUCTOR = True
@@ -349,4 +350,6 @@ def _register_inductor_decompositions() -> None:
         stale.cache_clear()
 
 
-_register_inductor_decompositions()
+# Importing Inductor costs seconds, and most fxopt runs never compile: teach it the
+# decompositions when it is imported, by whom ever, rather than importing it here.
+after_import("torch._inductor.decomposition", _register_inductor_decompositions)

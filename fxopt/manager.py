@@ -31,6 +31,7 @@ from fxopt.errors import (
 from fxopt.numerics import compare
 from fxopt.pass_protocol import Pass, PassResult
 from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
+from fxopt.progress import progress
 from fxopt.report import PassRecord, Report
 from fxopt.snapshot import GraphSnapshot, ModuleState, TensorGuard
 
@@ -98,6 +99,10 @@ class PassManager:
     ``passes`` accepts names, textual pipelines, Pass objects or classes, plain
     functions and nested lists; everything is resolved and checked (names, options,
     ordering constraints) in the constructor, before any pass runs.
+
+    A run that lasts more than two seconds shows a progress bar over the passes where
+    stderr is a terminal; ``progress=False`` hides it, ``True`` forces it
+    (:mod:`fxopt.progress`).
     """
 
     def __init__(
@@ -110,8 +115,10 @@ class PassManager:
         rtol: float | None = None,
         atol: float | None = None,
         tensor_backup_limit: int = 1 << 30,
+        progress: bool | None = None,
     ):
         self.passes = resolve(passes)
+        self.progress = progress
         check_ordering(self.passes)
         self.verify = verify
         self.instrument = instrument
@@ -138,9 +145,12 @@ class PassManager:
             ctx.report.verified = True
         run = _Run(gm, ctx, hooks if (self.instrument or self.verify) else [], self.instrument,
                    TensorGuard(gm, self.tensor_backup_limit))
-        with _long_lived_heap_frozen():
+        with _long_lived_heap_frozen(), progress(total=len(self.passes), desc="optimizing",
+                                                 unit="pass", enabled=self.progress, delay=2.0) as bar:
             for p in self.passes:
+                bar.set_postfix_str(p.name, refresh=False)  # shown once the delay has passed
                 ctx.report.records.append(run.execute(p))
+                bar.update()
         gm.meta[REPORT_KEY] = ctx.report
         return ctx.report
 

@@ -42,6 +42,7 @@ def optimize(
     rtol: float | None = None,
     atol: float | None = None,
     profile: bool = False,
+    progress: bool | None = None,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
 
@@ -57,7 +58,8 @@ def optimize(
     The run's report is ``fxopt.report_of(result)`` (also ``result.meta['fxopt.report']``).
     With ``verify=True`` every pass is checked for graph lint and numerical equivalence
     on ``example_inputs``; the first pass that breaks it is named in the error and rolled
-    back.
+    back. A run longer than two seconds shows a progress bar on a terminal's stderr
+    (``progress=False`` hides it).
 
     ``profile=True`` measures the graph on ``example_inputs`` before and after the passes
     (:func:`fxopt.profile`) and puts the :class:`~fxopt.profiling.ProfileDiff`, which
@@ -68,7 +70,7 @@ def optimize(
         gm = copy_sharing_tensors(gm)
     manager = PassManager(
         DEFAULT_PIPELINE if passes is None else passes,
-        verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol,
+        verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol, progress=progress,
     )
     if profile and example_inputs is None:
         raise InputError("profile=True needs example_inputs to run the graph on")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,8 +60,8 @@ class Report:
         """Every record of the pass called ``name``, in the order they ran."""
         return [r for _, r in self.walk() if r.name == name]
 
-    def table(self) -> str:
-        """The per-pass table that the CLI and the demo print."""
+    def table(self, width: int = 100) -> str:
+        """The per-pass table that the CLI and the demo print, its notes wrapped to ``width``."""
         rows = []
         for depth, r in self.walk():
             note = r.skipped or (f"{r.rounds} rounds" if r.rounds is not None else "")
@@ -73,9 +74,11 @@ class Report:
                 "skipped" if r.skipped else ("yes" if r.changed else "no"),
                 note,
             ])
-        text = tabulate(rows, headers=["pass", "ms", "nodes before", "nodes after", "changed", "notes"])
+        headers = ["pass", "ms", "nodes before", "nodes after", "changed", "notes"]
+        fixed = sum(max(len(str(v)) for v in column) + 2 for column in zip(headers, *rows) if column[0] != "notes")
+        text = tabulate(rows, headers=headers, maxcolwidths=[None] * 5 + [max(20, width - fixed)])
         footer = [f"total {self.total_seconds * 1e3:.1f} ms" + (", verified after each pass" if self.verified else "")]
-        footer += [f"warning: {w}" for w in self.warnings]
+        footer += textwrap.wrap("; ".join(f"warning: {w}" for w in self.warnings), width)
         return text + "\n" + "\n".join(footer)
 
     def __str__(self) -> str:

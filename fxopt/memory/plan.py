@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxopt.analysis.alias import AliasInfo
@@ -142,6 +141,9 @@ def _storage_nbytes(node: fx.Node, storage: StorageWeakRef) -> Any:
         if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == storage:
             nbytes = t.untyped_storage().nbytes()
             if isinstance(nbytes, torch.SymInt):
+                # imported here: symbolic_shapes pulls in sympy (~0.7 s); only SymInts need it
+                from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
                 # never int() it: that would specialize the graph to today's shape
                 return nbytes if not is_concrete_int(nbytes) else int(nbytes)
             return int(nbytes)

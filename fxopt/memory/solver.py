@@ -25,17 +25,47 @@ sets of buffers live together (the stretch just before some buffer's last point)
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from fxopt.memory.problem import Buffer, lower_bound
 
-_jit = numba.njit(cache=True, nogil=True)
+#: problems of at most this many buffers run greedy as plain Python (the very same
+#: function, uncompiled): numba's import and first call cost ~0.6 s per process even from
+#: its disk cache, more than Python's greedy takes on them (bench/startup.py)
+PYTHON_GREEDY_MAX = 300
+
+_JITTED: list[str] = []
+
+
+def _jit(fn: Callable) -> Callable:
+    """Mark ``fn`` for numba; :func:`_compile` compiles it when first needed."""
+    _JITTED.append(fn.__name__)
+    return fn
+
+
+@functools.cache
+def _compile() -> None:
+    """Swap every :func:`_jit` function in this module for its numba dispatcher.
+
+    Done on first need, not at import, so that ``import fxopt`` and small plans never load
+    numba. The functions call each other by global name, which numba resolves when it
+    compiles, so they are swapped together in the module's namespace. ``cache=True``:
+    later processes load the machine code from numba's disk cache.
+    """
+    import numba
+
+    jit = numba.njit(cache=True, nogil=True)
+    namespace = globals()
+    for name in _JITTED:
+        namespace[name] = jit(namespace[name])
+
+
 _INF = np.iinfo(np.int64).max // 4
 _FOUND, _INFEASIBLE, _ABORTED = 0, 1, 2
 
@@ -52,6 +82,8 @@ class Solution:
 
 def greedy(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Place buffers in ``order``, each in the smallest gap that fits (best fit) or on top."""
+    if len(sizes) > PYTHON_GREEDY_MAX:
+        _compile()
     return _greedy(starts.astype(np.int64), ends.astype(np.int64), sizes.astype(np.int64),
                    order.astype(np.int64))
 
@@ -265,6 +297,7 @@ class BranchAndBound:
 
     def _run_search(self, keys: np.ndarray, budget: int) -> tuple[int, np.ndarray, int]:
         """One depth-first search under ``budget`` nodes: (status, offsets, nodes visited)."""
+        _compile()
         n, n_sections = self.n, self.n_sections
         total = np.zeros(n_sections + 1, dtype=np.int64)
         np.add.at(total, self.lo, self.sizes)

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
@@ -175,6 +174,9 @@ def r5_same_shape(c: Candidate, f: Facts) -> str | None:
     out, this = _val(c.node), _val(c.self_arg)
     if out is None or this is None:
         return "no shape information"
+    # imported here: symbolic_shapes pulls in sympy (~0.7 s), and `import fxopt` must stay cheap
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     if out.dim() != this.dim() or not all(
         statically_known_true(a == b) for a, b in zip(out.shape, this.shape)
     ):

@@ -13,10 +13,13 @@ from typing import Any
 
 import torch
 
+from fxopt.errors import InputError
 
-def add_subcommand(sub: Any, parse_shape: Any, load_factory: Any) -> None:
+
+def add_subcommand(sub: Any, parse_shape: Any, load_factory: Any, parents: list[Any]) -> None:
     """Register ``profile`` on the ``fxopt`` parser's subparsers (``fxopt.cli``)."""
-    cmd = sub.add_parser("profile", help="profile MODULE:FACTORY node by node (time, memory, FLOPs)")
+    cmd = sub.add_parser("profile", parents=parents,
+                         help="profile MODULE:FACTORY node by node (time, memory, FLOPs)")
     cmd.add_argument("target", help="package.module:factory or file.py:factory returning an nn.Module "
                      "or a (model, example_inputs) pair")
     cmd.add_argument("--input-shape", action="append", type=parse_shape, default=[],
@@ -80,7 +83,7 @@ def guess_input(model: torch.nn.Module) -> torch.Tensor:
                 return torch.randn(1, module.in_channels, *spatial)
         if isinstance(module, nn.Linear):
             return torch.randn(1, module.in_features)
-    raise SystemExit(f"fxopt: cannot guess an input for {type(model).__name__}; give --input-shape")
+    raise InputError(f"cannot guess an input for {type(model).__name__}; give --input-shape")
 
 
 def _describe(t: torch.Tensor) -> str:

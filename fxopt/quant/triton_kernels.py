@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fxopt.progress import progress
 from fxopt.quant import tuning_cache
 
 _log = logging.getLogger(__name__)
@@ -330,7 +331,8 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
             return _time_ms(lambda: run_int8(*kind_config, x2d, w, scale, bias, y, gated), x2d.device, reps)
 
         times = TUNING_TIMES[key] = {}
-        for kind_config in found:
+        for kind_config in progress(found, desc=f"tuning int8 kernel M={m} N={w.shape[0]} K={k}",
+                                    unit="config", delay=1.0):
             try:
                 times[kind_config] = timed(kind_config, 15)
             except triton.runtime.errors.OutOfResources:

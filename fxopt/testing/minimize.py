@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from fxopt.analysis.ops import is_pure
 from fxopt.errors import EquivalenceError, InputError, ReferenceFailureError
+from fxopt.progress import progress as progress_bar
 from fxopt.testing.equivalence import assert_equivalent
 from fxopt.testing.inputs import random_inputs
 
@@ -72,10 +73,12 @@ def pass_breaks(passes: Any, *, rtol: float | None = None, atol: float | None = 
 
 
 def minimize(gm: fx.GraphModule, still_fails: Check, *, example_inputs: Iterable[Any] | None = None,
-             time_limit: float = 60.0) -> fx.GraphModule:
+             time_limit: float = 60.0, progress: bool | None = None) -> fx.GraphModule:
     """The smallest graph found within ``time_limit`` seconds on which ``still_fails``
     is true. ``gm`` itself must fail; its placeholders need ``meta['val']`` unless
-    ``example_inputs`` are given to record it."""
+    ``example_inputs`` are given to record it. A progress bar (the graph's size as it
+    shrinks) appears after two seconds where stderr is a terminal; ``progress=False``
+    hides it, ``True`` forces it (:mod:`fxopt.progress`)."""
     current = _copy(gm)
     if example_inputs is not None:
         from fxopt.optimize import optimize
@@ -85,15 +88,19 @@ def minimize(gm: fx.GraphModule, still_fails: Check, *, example_inputs: Iterable
         raise InputError("minimize: the check does not fail on the graph given; nothing to minimize")
     deadline = time.monotonic() + time_limit
     changed = True
-    while changed and time.monotonic() < deadline:
-        changed = False
-        for surgery, name, args in _plan(current):
-            if time.monotonic() >= deadline:
-                break
-            candidate = _attempt(current, surgery, name, *args)
-            if candidate is not None and node_count(candidate) < node_count(current) \
-                    and still_fails(candidate):
-                current, changed = candidate, True
+    with progress_bar(desc="minimizing", unit="try", enabled=progress, delay=2.0) as bar:
+        bar.set_postfix(nodes=node_count(current))
+        while changed and time.monotonic() < deadline:
+            changed = False
+            for surgery, name, args in _plan(current):
+                if time.monotonic() >= deadline:
+                    break
+                candidate = _attempt(current, surgery, name, *args)
+                bar.update()
+                if candidate is not None and node_count(candidate) < node_count(current) \
+                        and still_fails(candidate):
+                    current, changed = candidate, True
+                    bar.set_postfix(nodes=node_count(current))
     current.recompile()
     return current
 

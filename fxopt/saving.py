@@ -1,0 +1,99 @@
+"""Writing an optimized program to disk, and reading it back.
+
+Two formats, tried in this order by ``format="auto"``:
+
+- ``pt2``: ``torch.export.export`` of the optimized GraphModule on the example inputs,
+  written with ``torch.export.save`` to ``PATH.pt2`` (suffix added if missing). Portable,
+  the preferred format; shapes are those of the example inputs.
+- ``code``: for graphs torch.export cannot capture, the folder ``PATH`` (a ``.pt2``
+  suffix dropped) written by ``torch.fx.GraphModule.to_folder``: ``module.py`` (the
+  generated code: a ``FxModule`` class whose ``forward`` is ``gm.code``), ``state_dict.pt``
+  (parameters and buffers), one ``NAME.pt`` per submodule that is not a plain
+  ``torch.nn`` layer, and ``__init__.py``. ``module.py`` refers to those files by absolute
+  path: move the folder and they must be re-saved.
+
+Either way the program may call fxopt's own operators (``torch.ops.fxopt.*``,
+``torch.ops.fxopt_quant.*``): :func:`load_program` registers them before loading; other
+readers ``import fxopt.fused_ops, fxopt.quant.ops`` first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from fxopt.errors import SaveError
+
+Format = Literal["auto", "pt2", "code"]
+
+
+def save_program(gm: fx.GraphModule, path: str | Path, example_inputs: Sequence[Any], *,
+                 format: Format = "auto") -> tuple[Path, str]:
+    """Write ``gm`` (see the module doc); return where and in which format ("pt2" or "code")."""
+    path = Path(path)
+    if format not in ("auto", "pt2", "code"):
+        raise SaveError(f"unknown format {format!r}; expected auto, pt2 or code")
+    if format in ("auto", "pt2"):
+        target = path if path.suffix == ".pt2" else path.with_name(path.name + ".pt2")
+        try:
+            program = torch.export.export(gm, tuple(example_inputs))
+        except Exception as exc:
+            if format == "pt2":
+                raise SaveError(f"torch.export could not capture the optimized program "
+                                f"({type(exc).__name__}: {_first_line(exc)}); save it as code") from exc
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            torch.export.save(program, target)
+            return target, "pt2"
+    folder = path.with_suffix("") if path.suffix == ".pt2" else path
+    if folder.exists() and not folder.is_dir():
+        raise SaveError(f"cannot write the code folder {folder}: a file of that name exists")
+    existed = folder.exists()
+    try:
+        _without_annotations(gm).to_folder(folder.resolve(), "FxModule")  # paths it writes: absolute
+    except Exception as exc:
+        if not existed:  # leave no half-written folder behind
+            shutil.rmtree(folder, ignore_errors=True)
+        raise SaveError(f"writing {folder} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+    return folder, "code"
+
+
+def load_program(path: str | Path) -> nn.Module:
+    """A module that runs the program :func:`save_program` wrote at ``path`` (either format)."""
+    import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+    import fxopt.quant.ops  # noqa: F401 - registers torch.ops.fxopt_quant.*
+
+    path = Path(path)
+    if path.is_file():
+        return torch.export.load(path).module()
+    spec = importlib.util.spec_from_file_location(f"fxopt_saved_{abs(hash(path))}", path / "module.py")
+    if spec is None or spec.loader is None or not (path / "module.py").is_file():
+        raise SaveError(f"{path} is neither a .pt2 file nor a folder with module.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.FxModule()
+
+
+def _without_annotations(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose code has no type annotations: ``to_folder`` writes them as
+    names (``_torch_Tensor_``) that its ``module.py`` never defines."""
+    from fxopt.optimize import copy_sharing_tensors
+
+    copy = copy_sharing_tensors(gm)
+    for node in copy.graph.nodes:
+        node.type = None
+    copy.recompile()
+    return copy
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
