@@ -60,6 +60,10 @@ def main(rank: int, init_file: str, out: str) -> None:
             "inplace_ops": [str(n.target) for n in opt.graph.nodes
                             if n.op == "call_function" and str(n.target).endswith("_.default")],
         }
+    # every collective finished on both ranks before the group goes (the unused
+    # all_reduce is never waited on: destroying the group with it in flight aborted a
+    # rank under load)
+    dist.barrier()
     dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump(report, f)
