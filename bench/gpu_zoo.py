@@ -44,7 +44,9 @@ VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
 #: more variants, by request: see make_variant
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
                   "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
-                  "inductor_freezing_cpp_wrapper")
+                  "inductor_freezing_cpp_wrapper", "fxopt_no_replay", "reduce_overhead")
+#: variants that capture CUDA graphs themselves: the harness's own capture is not timed
+SELF_GRAPHED = ("reduce_overhead",)
 
 
 class GatedMLPStack(nn.Module):
@@ -137,6 +139,9 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
     if variant == "inductor_freezing_cpp_wrapper":  # Inductor's C++ wrapper: less host time per launch
         return (torch.compile(model, options={"freezing": True, "cpp_wrapper": True}),
                 lambda: torch._inductor.config.patch(freezing=True))
+    if variant == "reduce_overhead":  # Inductor's own CUDA graphs (outputs live in its pool)
+        return (torch.compile(model, mode="reduce-overhead"),  # mode and options are exclusive
+                lambda: torch._inductor.config.patch(freezing=True))
     if variant == "max_autotune":  # Inductor's best, without its CUDA graphs: timed both ways here
         options = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
         return (torch.compile(model, options=options),
@@ -148,6 +153,8 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
             options["inductor"] = {"conv_1x1_as_mm": True}
         if variant == "fxopt_cpp_wrapper":
             options["inductor"] = {"cpp_wrapper": True}
+        if variant == "fxopt_no_replay":  # the backend's kernels launched one by one
+            options["cuda_graphs"] = False
         compiled = torch.compile(model, backend="fxopt", options=options)
         if variant == "fxopt_cudnn":
             return compiled, _cudnn_fusions
@@ -275,6 +282,13 @@ def _no_tf32():
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def _fresh_like(x: torch.Tensor) -> torch.Tensor:
+    """New values of ``x``'s shape, dtype and layout (token ids stay in range)."""
+    if x.is_floating_point():
+        return torch.randn_like(x)
+    return torch.randint_like(x, int(x.max()) + 1)
+
+
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
@@ -324,6 +338,8 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
             reports = stats["reports"]
             entry["graphs"] = len(reports)
             entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
+            entry["replayed"] = sum(g.no_replay is None for g in reports if not g.fallback)
+            entry["no_replay"] = sorted({g.no_replay for g in reports if g.no_replay})
             entry["pass_s"] = sum(g.report.total_seconds for g in reports if g.report)
             entry["frozen_inputs"] = sum(len(g.frozen) for g in reports)
             entry["changed_passes"] = sorted({r.name for g in reports if g.report
@@ -338,12 +354,17 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
             for prefix, flag in settings:
                 with torch.no_grad(), context(), _cudnn_benchmark(flag):
                     samples.setdefault((variant, prefix + "ms"), []).append(bench_ms(fn, inputs, device))
-                    if args.cuda_graphs and cuda:
+                    if args.cuda_graphs and cuda and variant not in SELF_GRAPHED:
                         samples.setdefault((variant, prefix + "graph_ms"), []).append(
                             bench_ms(fn, inputs, device, graph=True))
+    fresh = tuple(_fresh_like(x) for x in inputs)
+    with torch.no_grad():
+        fresh_reference = model(*fresh).float()  # bf16 eager on inputs no variant has seen
     for variant, (fn, context) in compiled.items():
         with torch.no_grad(), context():
             out = fn(*inputs)  # after the timed runs: a stale or racy result would show
+            # a replay that read stale inputs would still match on the timed inputs
+            row[variant]["rel_l2_fresh_vs_eager"] = rel_l2(fn(*fresh).float(), fresh_reference)
             if cuda:
                 row[variant]["cpu_ms"] = cpu_call_ms(fn, inputs)
                 if args.profile:
@@ -368,6 +389,10 @@ def summarize(row: dict[str, Any]) -> None:
         if key in fx and key in row.get("max_autotune", {}):
             row[f"{key.replace('ms', 'speedup')}_vs_max_autotune"] = row["max_autotune"][key] / fx[key]
     best = min((v["ms"] for v in (ind, frz) if "ms" in v), default=None)
+    if "ms" in row.get("fxopt_no_replay", {}) and best is not None:  # what replay adds
+        row["no_replay_speedup_vs_best_inductor"] = best / row["fxopt_no_replay"]["ms"]
+    if "ms" in row.get("reduce_overhead", {}) and "ms" in fx:  # against Inductor's own CUDA graphs
+        row["speedup_vs_reduce_overhead"] = row["reduce_overhead"]["ms"] / fx["ms"]
     if "ms" in row.get("fxopt_cudnn", {}) and best is not None:
         row["cudnn_speedup_vs_best_inductor"] = best / row["fxopt_cudnn"]["ms"]
     if "pass_s" in fx and "compile_s" in ind:
@@ -392,7 +417,9 @@ def table(rows: list[dict[str, Any]]) -> str:
                          ("bench_speedup_vs_best_inductor", "launch+bench"),
                          ("bench_graph_speedup_vs_best_inductor", "graph+bench"),
                          ("speedup_vs_max_autotune", "launch vs max-autotune"),
-                         ("graph_speedup_vs_max_autotune", "graph vs max-autotune")) if key in r)
+                         ("graph_speedup_vs_max_autotune", "graph vs max-autotune"),
+                         ("no_replay_speedup_vs_best_inductor", "launch without replay"),
+                         ("speedup_vs_reduce_overhead", "launch vs reduce-overhead")) if key in r)
                      + f"; numerics {({True: 'ok', False: 'OUT'}).get(r.get('numerics_ok'), '-')}")
         for variant, v in r.items():
             if not isinstance(v, dict) or variant == "profile":
@@ -416,9 +443,15 @@ def table(rows: list[dict[str, Any]]) -> str:
                 cells.append(f"passes {v['pass_s']:.2f}s")
             if "rel_l2_vs_fp32" in v:
                 cells.append(f"relL2 {v['rel_l2_vs_fp32']:.1e}")
+            if "rel_l2_fresh_vs_eager" in v:
+                cells.append(f"fresh input relL2 vs eager {v['rel_l2_fresh_vs_eager']:.1e}")
+            if v.get("no_replay"):
+                cells.append(f"not replayed: {'; '.join(v['no_replay'])[:200]}")
             lines.append(f"  {variant:32s} " + " | ".join(cells))
     for layout in sorted({r["layout"] for r in rows}):
         for key, label in (("speedup_vs_best_inductor", "plain launches"),
+                           ("no_replay_speedup_vs_best_inductor", "plain launches, cuda_graphs=False"),
+                           ("speedup_vs_reduce_overhead", "plain launches vs Inductor reduce-overhead"),
                            ("graph_speedup_vs_best_inductor", "CUDA-graph replays"),
                            ("bench_speedup_vs_best_inductor", "plain launches, cudnn.benchmark"),
                            ("bench_graph_speedup_vs_best_inductor", "CUDA graphs, cudnn.benchmark")):

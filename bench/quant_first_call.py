@@ -8,8 +8,11 @@ quantized int8 weight-only with gate/up merged and SwiGLU fused. The first call 
 Triton compilation included) is timed in two fresh subprocesses sharing one cache directory
 (``FXOPT_CACHE_DIR``): the first tunes, the second should find every shape cached. Then,
 in this process, each variant is timed with plain launches and as a CUDA-graph replay:
-bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``), and the
-int8 GraphModule run directly (no compile).
+bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``), the
+int8 GraphModule run directly (no compile), and bf16 and int8 through the fxopt backend
+(static shapes, one compile per M: the backend replays each as a CUDA graph, fxopt.replay).
+Inductor's own CUDA graphs (``mode="reduce-overhead"``, bf16) are timed as a reference.
+``--no-first-call`` skips the two subprocesses.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="1,16,256")
     parser.add_argument("--child", action="store_true")
+    parser.add_argument("--no-first-call", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -74,7 +78,7 @@ def main() -> None:
     result: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
                     "triton": __import__("triton").__version__}
     env = {**os.environ, "FXOPT_CACHE_DIR": tempfile.mkdtemp(prefix="fxopt_tuning_")}
-    for run in ("cold_cache", "warm_cache"):
+    for run in () if args.no_first_call else ("cold_cache", "warm_cache"):
         done = subprocess.run([sys.executable, __file__, "--child", "--ms", args.ms], env=env,
                               capture_output=True, text=True, timeout=400)
         line = [x for x in done.stdout.splitlines() if x.startswith("FIRST_CALL ")]
@@ -84,8 +88,14 @@ def main() -> None:
     model, gm, q = build()
     torch._inductor.config.freezing = True  # global: Dynamo then freezes the weights too
     torch._dynamo.config.cache_size_limit = 64
+    reports: list = []  # what the fxopt backend did with each graph
     variants = {"bf16_inductor_freezing": torch.compile(gm, dynamic=True),
-                "int8_inductor_freezing": torch.compile(q, dynamic=True), "int8_graphmodule": q}
+                "int8_inductor_freezing": torch.compile(q, dynamic=True), "int8_graphmodule": q,
+                "bf16_reduce_overhead": torch.compile(gm, dynamic=False, mode="reduce-overhead"),
+                "bf16_fxopt": torch.compile(gm, backend="fxopt", dynamic=False, options={"reports": reports}),
+                "int8_fxopt": torch.compile(q, backend="fxopt", dynamic=False, options={"reports": reports})}
+    #: variants that capture CUDA graphs themselves: no CUDA graph of their call is timed
+    self_graphed = ("bf16_reduce_overhead",)
     rows = []
     with torch.no_grad():
         xs = torch.randn(64, D, device="cuda", dtype=torch.bfloat16)
@@ -93,28 +103,45 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
             row = {"M": m}
+            fresh = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
             for name, f in variants.items():
                 row[f"{name}_plain_ms"] = bench(lambda f=f, x=x: f(x), graph=False)
-                row[f"{name}_graph_ms"] = bench(lambda f=f, x=x: f(x), graph=True)
+                if name not in self_graphed:
+                    row[f"{name}_graph_ms"] = bench(lambda f=f, x=x: f(x), graph=True)
+                # after the timed calls, on an input none has seen: a stale replay would show
+                row[f"{name}_sqnr_vs_eager_bf16"] = fq.sqnr(model(fresh).float(), f(fresh).float())
             for mode in ("plain", "graph"):
-                best = min(row[f"int8_{v}_{mode}_ms"] for v in ("inductor_freezing", "graphmodule"))
+                best = min(row[f"int8_{v}_{mode}_ms"] for v in ("inductor_freezing", "graphmodule", "fxopt"))
                 row[f"speedup_{mode}"] = row[f"bf16_inductor_freezing_{mode}_ms"] / best
+            row["speedup_plain_vs_bf16_reduce_overhead"] = (row["bf16_reduce_overhead_plain_ms"]
+                                                            / row["int8_fxopt_plain_ms"])
+            row["speedup_plain_vs_bf16_fxopt"] = row["bf16_fxopt_plain_ms"] / row["int8_fxopt_plain_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     result["rows"] = rows
+    result["fxopt_graphs_not_replayed"] = [r.no_replay for r in reports if r.no_replay]
+    result["fxopt_fallbacks"] = [r.fallback for r in reports if r.fallback]
+    print("fxopt backend: graphs", len(reports), "not replayed", result["fxopt_graphs_not_replayed"],
+          "fallbacks", result["fxopt_fallbacks"])
     with open(os.path.join(args.out, "quant_first_call.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}; "
           f"SQNR int8 vs fp32 (8 blocks, M=64) {result['sqnr_int8_vs_fp32_M64']:.1f} dB")
-    print("first call s (cold cache / warm cache):", result["first_call_s_cold_cache"], "/",
-          result["first_call_s_warm_cache"])
-    print("| M | bf16 frz plain / graph | int8 compiled plain / graph | int8 GraphModule plain / graph "
-          "| int8 / bf16 plain | graph |")
+    if not args.no_first_call:
+        print("first call s (cold cache / warm cache):", result["first_call_s_cold_cache"], "/",
+              result["first_call_s_warm_cache"])
+    print("| M | bf16 frz plain / graph | bf16 reduce-overhead | bf16 fxopt plain / graph "
+          "| int8 compiled plain / graph | int8 GraphModule plain / graph | int8 fxopt plain / graph "
+          "| best int8 / bf16 frz, plain | graph | int8 fxopt / bf16 reduce-overhead, plain |")
     for r in rows:
         print(f"| {r['M']} | {r['bf16_inductor_freezing_plain_ms']:.3f} / {r['bf16_inductor_freezing_graph_ms']:.3f} | "
+              f"{r['bf16_reduce_overhead_plain_ms']:.3f} | "
+              f"{r['bf16_fxopt_plain_ms']:.3f} / {r['bf16_fxopt_graph_ms']:.3f} | "
               f"{r['int8_inductor_freezing_plain_ms']:.3f} / {r['int8_inductor_freezing_graph_ms']:.3f} | "
               f"{r['int8_graphmodule_plain_ms']:.3f} / {r['int8_graphmodule_graph_ms']:.3f} | "
-              f"{r['speedup_plain']:.2f}x | {r['speedup_graph']:.2f}x |")
+              f"{r['int8_fxopt_plain_ms']:.3f} / {r['int8_fxopt_graph_ms']:.3f} | "
+              f"{r['speedup_plain']:.2f}x | {r['speedup_graph']:.2f}x | "
+              f"{r['speedup_plain_vs_bf16_reduce_overhead']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ values it was compiled with: after changing weights, call ``torch._dynamo.reset(
 Training graphs are never frozen and inference-only passes are skipped on them, with a
 line in the report.
 
+CUDA graphs. A compiled inference graph whose replay the caller could not tell from a
+plain call (see :mod:`fxopt.replay`) is replayed as a CUDA graph from its third call on:
+on conv nets, plain launches are bound by host time, which fusing kernels does not cut.
+``cuda_graphs=False`` turns it off; ``CompiledGraph.no_replay`` says why a graph is not
+replayed.
+
 Failure policy. Unknown options raise :class:`~fxopt.errors.PassOptionError` naming them.
 A pass that fails on a graph does not break the user's ``torch.compile``: that graph is
 compiled by plain Inductor and a warning names the pass; ``strict=True`` raises instead.
@@ -56,6 +62,8 @@ from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass, PassResult
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
+from fxopt.replay import GraphReplay
+from fxopt.replay import refusal as replay_refusal
 from fxopt.report import Report
 from fxopt.snapshot import GraphSnapshot
 
@@ -100,6 +108,8 @@ class BackendOptions:
     inductor: Mapping[str, Any] = field(default_factory=dict)
     #: a torch.compile mode ("max-autotune", ...), translated to Inductor options
     mode: str | None = None
+    #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.replay)
+    cuda_graphs: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
@@ -112,7 +122,7 @@ class BackendOptions:
                                   f"unknown option(s) {unknown}; known options: {', '.join(known)}")
         if mode is not None:
             options.setdefault("mode", mode)
-        for key in ("freeze", "strict", "verify"):
+        for key in ("freeze", "strict", "verify", "cuda_graphs"):
             if key in options and not isinstance(options[key], bool):
                 raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
         if options.get("reports") is not None and not isinstance(options["reports"], list):
@@ -184,6 +194,8 @@ class CompiledGraph:
     fallback: str | None = None
     #: (Inductor hook, report) of every ATen-level pipeline run for this graph
     aten_reports: list[tuple[str, Report]] = field(default_factory=list)
+    #: why the compiled graph is not replayed as a CUDA graph, or None when it is
+    no_replay: str | None = None
 
 
 # --- the backend ---------------------------------------------------------------------
@@ -259,7 +271,20 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         record.fallback = reason
         _warn(name, reason)
         return _plain_inductor(gm, example_inputs, opts, training)
+    kept = [example_inputs[i] for i in keep]
+    record.no_replay = _no_replay(work, kept, training, opts, patches)
+    if record.no_replay is None:
+        compiled = GraphReplay(compiled, kept)
     return _dropping_frozen_args(compiled, keep, len(example_inputs))
+
+
+def _no_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
+               patches: Mapping[str, Any]) -> str | None:
+    if not opts.cuda_graphs:
+        return "cuda_graphs=False"
+    if patches.get("triton.cudagraphs"):
+        return "Inductor captures its own CUDA graphs (mode='reduce-overhead')"
+    return replay_refusal(work, inputs, training=training)
 
 
 def _fallback(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, training: bool,

@@ -584,7 +584,10 @@ _WRITING_OPERATORS = frozenset({operator.setitem, operator.delitem})
 _PURE_BUILTINS = frozenset({builtins.getattr, builtins.len, builtins.int, builtins.float,
                             builtins.bool, builtins.min, builtins.max, builtins.abs,
                             builtins.isinstance, builtins.tuple, builtins.list, builtins.range,
-                            builtins.slice, builtins.round, builtins.sum, builtins.hasattr})
+                            builtins.slice, builtins.round, builtins.sum, builtins.hasattr,
+                            # telemetry: records an API name once per process, touches no
+                            # tensor (torchvision's StochasticDepth calls it in forward)
+                            torch._C._log_api_usage_once})
 #: torch-level names with no ATen op of the same name that are plain functions of their
 #: inputs (checked against torch's sources: they only call pure ATen ops)
 _PURE_TORCH_NAMES = frozenset({
