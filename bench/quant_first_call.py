@@ -12,7 +12,8 @@ bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``)
 int8 GraphModule run directly (no compile), and bf16 and int8 through the fxopt backend
 (static shapes, one compile per M: the backend replays each as a CUDA graph, fxopt.replay).
 Inductor's own CUDA graphs (``mode="reduce-overhead"``, bf16) are timed as a reference.
-``--no-first-call`` skips the two subprocesses.
+``--no-first-call`` skips the two subprocesses; ``--dynamic-min-tokens 17`` quantizes
+with int8 dynamic (int8 tensor cores) from 17 rows on, the route for prefill-sized M.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402
 
 
-def build() -> tuple[nn.Module, fx.GraphModule, fx.GraphModule]:
+def build(dynamic_min_tokens: int = 0) -> tuple[nn.Module, fx.GraphModule, fx.GraphModule]:
     torch.manual_seed(0)
     model = MLPStack().to("cuda", torch.bfloat16).eval()
     for p in model.parameters():
         nn.init.normal_(p, std=0.02)
     x1 = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
     gm = fx.symbolic_trace(model)
-    wo = fq.quantize_model(gm, (x1,), "int8_weight_only")
+    wo = fq.quantize_model(gm, (x1,), "int8_weight_only", dynamic_min_tokens=dynamic_min_tokens)
     return model, gm, fxopt.optimize(wo, ["merge_sibling_linears", "fuse_swiglu"], example_inputs=(x1,))
 
 
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--ms", default="1,16,256")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--no-first-call", action="store_true")
+    parser.add_argument("--dynamic-min-tokens", type=int, default=0,
+                        help="int8 dynamic (int8 tensor cores) from this many rows; 0: weight-only at every M")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -85,7 +88,8 @@ def main() -> None:
         result[f"first_call_s_{run}"] = json.loads(line[0][11:]) if line else done.stderr[-800:]
         print(run, result[f"first_call_s_{run}"], flush=True)
 
-    model, gm, q = build()
+    model, gm, q = build(args.dynamic_min_tokens)
+    result["dynamic_min_tokens"] = args.dynamic_min_tokens
     torch._inductor.config.freezing = True  # global: Dynamo then freezes the weights too
     torch._dynamo.config.cache_size_limit = 64
     reports: list = []  # what the fxopt backend did with each graph

@@ -194,7 +194,8 @@ class CompiledGraph:
     fallback: str | None = None
     #: (Inductor hook, report) of every ATen-level pipeline run for this graph
     aten_reports: list[tuple[str, Report]] = field(default_factory=list)
-    #: why the compiled graph is not replayed as a CUDA graph, or None when it is
+    #: why the compiled graph is not replayed as a CUDA graph, or None when it is (set at
+    #: compile time, or at the capturing second call if replay is given up then)
     no_replay: str | None = None
 
 
@@ -274,7 +275,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
     kept = [example_inputs[i] for i in keep]
     record.no_replay = _no_replay(work, kept, training, opts, patches)
     if record.no_replay is None:
-        compiled = GraphReplay(compiled, kept)
+        compiled = GraphReplay(compiled, kept, given_up=lambda why: setattr(record, "no_replay", why))
     return _dropping_frozen_args(compiled, keep, len(example_inputs))
 
 

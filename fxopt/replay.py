@@ -21,12 +21,16 @@ caller sees the plain compiled function's semantics:
   compiled function as is.
 
 The first call runs the compiled function (it compiles and tunes kernels); the second
-captures, after one warm-up on a side stream as CUDA requires; later calls replay. The
-price is the graph's private memory pool, held as long as the compiled function lives.
+captures, after one warm-up on a side stream as CUDA requires, then times a few replays
+against a few plain calls and keeps replaying only if that is faster: a GPU-bound graph
+gains nothing from a replay and still pays for the input copies and output clones (a
+Llama-shaped decoder on an H100 ran 5% slower replayed, bench/RESULTS.md). The price is
+the graph's private memory pool, held as long as the compiled function lives.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,11 +96,21 @@ def _signature(args: Sequence[Any]) -> tuple:
     return tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
 
 
-class GraphReplay:
-    """``compiled`` (a function of CUDA tensors) run by replaying a CUDA graph of it."""
+#: calls per timed loop, and loops, when replay is timed against plain calls at capture
+TIMING_CALLS, TIMING_LOOPS = 3, 2
 
-    def __init__(self, compiled: Callable, example_inputs: Sequence[torch.Tensor]):
+
+class GraphReplay:
+    """``compiled`` (a function of CUDA tensors) run by replaying a CUDA graph of it.
+
+    ``given_up`` is told why, if replay is given up at run time (a failed capture, or
+    plain calls timed faster), so that the backend's report says what really runs.
+    """
+
+    def __init__(self, compiled: Callable, example_inputs: Sequence[torch.Tensor],
+                 given_up: Callable[[str], None] | None = None):
         self.compiled = compiled
+        self.given_up = given_up
         self.signature = _signature(example_inputs)
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -114,6 +128,9 @@ class GraphReplay:
             if self.calls == 1:
                 return self.compiled(*args)
             return self._capture(args)
+        return self._replay(args)
+
+    def _replay(self, args: Sequence[torch.Tensor]) -> Any:
         for static, arg in zip(self.static_inputs, args):
             static.copy_(arg)
         self.graph.replay()
@@ -136,15 +153,40 @@ class GraphReplay:
                 with torch.cuda.graph(graph):
                     outputs = self.compiled(*self.static_inputs)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run plainly
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self.static_inputs = []
+            self._give_up(f"capture failed: {type(exc).__name__}: {exc}")
             warnings.warn(f"fxopt backend: a CUDA graph of the compiled function could not be "
                           f"captured ({self.failure}); it runs with plain launches", RuntimeWarning,
                           stacklevel=3)
             return self.compiled(*args)
         self.graph, self.static_outputs = graph, outputs
-        graph.replay()
-        return tree_map(_clone, outputs)
+        device = args[0].device if args else torch.cuda.current_device()
+        replayed = _seconds_per_call(lambda: self._replay(args), device)
+        plain = _seconds_per_call(lambda: self.compiled(*args), device)
+        if plain <= replayed:
+            self._give_up(f"plain launches timed faster ({plain * 1e3:.3f} ms a call, "
+                          f"replayed {replayed * 1e3:.3f} ms)")
+            return self.compiled(*args)
+        return self._replay(args)
+
+    def _give_up(self, why: str) -> None:
+        self.failure = why
+        self.graph, self.static_inputs, self.static_outputs = None, [], None
+        if self.given_up is not None:
+            self.given_up(why)
+
+
+def _seconds_per_call(call: Callable[[], Any], device: torch.device | int) -> float:
+    """Best wall time per call of back-to-back calls, as a caller's loop sees it (host and
+    GPU overlap; synchronized at the ends only)."""
+    best = float("inf")
+    for _ in range(TIMING_LOOPS):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(TIMING_CALLS):
+            call()
+        torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - start) / TIMING_CALLS)
+    return best
 
 
 def _clone(value: Any) -> Any:

@@ -170,3 +170,18 @@ def test_cuda_graphs_false_turns_replay_off():
     with torch.no_grad():
         fn(torch.randn(4, 3, 16, 16, device="cuda"))
     assert [r.no_replay for r in reports] == ["cuda_graphs=False"]
+
+
+@cuda
+def test_a_gpu_bound_graph_whose_copies_cost_more_than_its_launches_runs_plainly():
+    """One memory-bound kernel over 256 MB: a replay adds a copy in and a clone out, each
+    as long as the kernel, and saves one launch, so the timing at capture must refuse it."""
+    torch._dynamo.reset()
+    reports: list = []
+    fn = torch.compile(lambda x: torch.sin(x) * 2, backend="fxopt", options={"reports": reports})
+    x = torch.randn(64 * 2**20, device="cuda")
+    with torch.no_grad():
+        outs = [fn(x) for _ in range(4)]
+    assert reports[0].no_replay.startswith("plain launches timed faster")
+    for out in outs:
+        torch.testing.assert_close(out, torch.sin(x) * 2)
