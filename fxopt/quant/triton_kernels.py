@@ -259,14 +259,13 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
         machine = (f"{torch.cuda.get_device_name(x2d.device)}|triton {triton.__version__}"
                    f"|torch {torch.__version__}")
         family = int8_configs.gpu_family(torch.cuda.get_device_capability(x2d.device))
-        times = TUNING_TIMES.setdefault(key, {})
 
         def timed(candidate: Candidate, reps: int) -> float | None:
             try:
                 t = _time_ms(lambda: run_int8(*candidate, x2d, w, scale, bias, y, gated), x2d.device, reps)
             except triton.runtime.errors.OutOfResources:
                 return None
-            times[candidate] = t
+            TUNING_TIMES.setdefault(key, {})[candidate] = t
             return t
 
         _TUNED[memo_key] = int8_configs.choose(key, found, machine, family, timed)

@@ -5,6 +5,7 @@ tuning cache feeds it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import importlib.util
 import json
@@ -45,7 +46,7 @@ def use_table(monkeypatch, table: dict) -> None:
 
 
 def entry(candidate) -> list:
-    return [candidate[0], int8_configs.dataclasses.asdict(candidate[1])]
+    return [candidate[0], dataclasses.asdict(candidate[1])]
 
 
 def three_others():
