@@ -1,18 +1,22 @@
-"""int8 weight-only decode: first-call time with and without the on-disk tuning cache, and
+"""int8 weight-only decode: first-call time untuned, tuning, and from the on-disk tuning cache, and
 plain-launch (no CUDA graph) speed against bf16 + freezing, side by side in one process.
 
     python3 bench/quant_first_call.py --ms 1,16,256          # needs a CUDA GPU
 
 Model: bench/quant_gpu.py's Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16),
-quantized int8 weight-only with gate/up merged and SwiGLU fused. The first call (tuning and
-Triton compilation included) is timed in two fresh subprocesses sharing one cache directory
-(``FXOPT_CACHE_DIR``): the first tunes, the second should find every shape cached. Then,
+quantized int8 weight-only with gate/up merged and SwiGLU fused. The first call (Triton
+compilation included) is timed in three fresh subprocesses: "default" with an empty cache
+and tuning off (shipped defaults or the choice by shape: what a user gets), "cold_cache"
+with ``FXOPT_INT8_TUNE=1`` (it tunes every shape) and "warm_cache" sharing its cache
+directory (it should find every shape cached). That directory is ``$FXOPT_CACHE_DIR`` when
+set (start it empty: its ``int8_tuning.json`` then holds this GPU's winners, which
+bench/int8_defaults_from_cache.py merges into the shipped defaults), else a temporary one. Then,
 in this process, each variant is timed with plain launches and as a CUDA-graph replay:
 bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``), the
 int8 GraphModule run directly (no compile), and bf16 and int8 through the fxopt backend
 (static shapes, one compile per M: the backend replays each as a CUDA graph, fxopt.replay).
 Inductor's own CUDA graphs (``mode="reduce-overhead"``, bf16) are timed as a reference.
-``--no-first-call`` skips the two subprocesses; ``--dynamic-min-tokens 17`` quantizes
+``--no-first-call`` skips the three subprocesses; ``--dynamic-min-tokens 17`` quantizes
 with int8 dynamic (int8 tensor cores) from 17 rows on, the route for prefill-sized M.
 """
 
@@ -80,14 +84,20 @@ def main() -> None:
         return first_call(ms)
     result: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
                     "triton": __import__("triton").__version__}
-    env = {**os.environ, "FXOPT_CACHE_DIR": tempfile.mkdtemp(prefix="fxopt_tuning_")}
-    for run in () if args.no_first_call else ("cold_cache", "warm_cache"):
+    cache_dir = os.environ.get("FXOPT_CACHE_DIR") or tempfile.mkdtemp(prefix="fxopt_tuning_")
+    untuned = {**os.environ, "FXOPT_CACHE_DIR": tempfile.mkdtemp(prefix="fxopt_untuned_"),
+               "FXOPT_INT8_TUNE": "0"}
+    tuned = {**os.environ, "FXOPT_CACHE_DIR": cache_dir, "FXOPT_INT8_TUNE": "1"}
+    runs = {"default": untuned, "cold_cache": tuned, "warm_cache": tuned}
+    for run, env in () if args.no_first_call else runs.items():
         done = subprocess.run([sys.executable, __file__, "--child", "--ms", args.ms], env=env,
                               capture_output=True, text=True, timeout=400)
         line = [x for x in done.stdout.splitlines() if x.startswith("FIRST_CALL ")]
         result[f"first_call_s_{run}"] = json.loads(line[0][11:]) if line else done.stderr[-800:]
         print(run, result[f"first_call_s_{run}"], flush=True)
 
+    # the timings below use the kernels the cold run tuned, as earlier runs of this script did
+    os.environ["FXOPT_CACHE_DIR"] = cache_dir
     model, gm, q = build(args.dynamic_min_tokens)
     result["dynamic_min_tokens"] = args.dynamic_min_tokens
     torch._inductor.config.freezing = True  # global: Dynamo then freezes the weights too
@@ -132,7 +142,8 @@ def main() -> None:
     print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}; "
           f"SQNR int8 vs fp32 (8 blocks, M=64) {result['sqnr_int8_vs_fp32_M64']:.1f} dB")
     if not args.no_first_call:
-        print("first call s (cold cache / warm cache):", result["first_call_s_cold_cache"], "/",
+        print("first call s (default, untuned / tuning, cold cache / warm cache):",
+              result["first_call_s_default"], "/", result["first_call_s_cold_cache"], "/",
               result["first_call_s_warm_cache"])
     print("| M | bf16 frz plain / graph | bf16 reduce-overhead | bf16 fxopt plain / graph "
           "| int8 compiled plain / graph | int8 GraphModule plain / graph | int8 fxopt plain / graph "

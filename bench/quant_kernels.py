@@ -5,7 +5,7 @@ Run on a CUDA machine::
     python bench/quant_kernels.py --out /tmp/quant_kernels --ms 1,2,4,8,16
 
 For each shape (gate or up: N=11008, K=4096; gate and up merged: N=22016, K=4096; the
-same weight computing silu(gate) * up in the kernel; down: N=4096, K=11008) and each M: the kernel and configuration that ``tuned_config`` picks,
+same weight computing silu(gate) * up in the kernel; down: N=4096, K=11008) and each M: the kernel and configuration that ``tuned_config`` picks by tuning (on here),
 its time and achieved bandwidth (weight bytes / time; the H100's copy bandwidth is about
 3 TB/s), the same configuration with Triton's plain int8 cast instead of the magic-number
 conversion, the best configuration of the other kernel, and ``F.linear`` on a bf16
@@ -96,6 +96,9 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
+    # the tuned picks are what this reports; they also land in the tuning cache
+    # ($FXOPT_CACHE_DIR), which bench/int8_defaults_from_cache.py turns into shipped defaults
+    fq.set_int8_tuning(True)
     torch.manual_seed(0)
 
     def log(msg):

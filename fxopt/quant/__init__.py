@@ -1,6 +1,7 @@
 """Quantization for fxopt: observers, calibration, the ``insert_observers`` and ``quantize``
 passes, quantization-aware training (``prepare_qat``/``convert_qat``), int8 ops that lower through Inductor (Triton weight-only GEMV/GEMM on CUDA), and
-an accuracy report. See README section "Quantization"."""
+an accuracy report. See README section "Quantization". ``set_int8_tuning(True)`` (or
+``FXOPT_INT8_TUNE=1``) times the int8 kernels per shape instead of using their defaults."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fxopt.quant import ops  # noqa: F401  (registers torch.ops.fxopt_quant)
 from fxopt.quant.accuracy import AccuracyReport, accuracy_report, cosine, max_abs, sqnr
 from fxopt.quant.calibrate import calibrate
 from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
+from fxopt.quant.int8_configs import set_int8_tuning
 from fxopt.quant.observers import (
     OBSERVERS,
     HistogramObserver,
@@ -38,7 +40,8 @@ __all__ = [
     "DynamicFakeQuant", "HistogramObserver", "InsertObservers", "MinMaxObserver",
     "MovingAverageObserver", "Observer", "PrepareQAT", "QATModel", "QuantSummary", "Quantize",
     "Site", "SiteRecord", "WeightFakeQuant", "accuracy_report", "calibrate", "convert_qat",
-    "cosine", "find_sites", "max_abs", "prepare_qat", "quantize_model", "sqnr", "summary_of",
+    "cosine", "find_sites", "max_abs", "prepare_qat", "quantize_model", "set_int8_tuning", "sqnr",
+    "summary_of",
 ]
 
 

@@ -5,7 +5,7 @@ The weight stays int8 in memory and is converted to the activation dtype in regi
 so the bytes read are half of a bf16 GEMM's and no dequantized weight is ever written.
 That is what makes batch-1 decoding (a GEMV, bound by memory bandwidth) up to 2x faster.
 
-Two int8 kernels; the faster one for the shape is picked by timing (:func:`tuned_config`):
+Two int8 kernels; :func:`tuned_config` picks one and its configuration per shape:
 
 - ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and a slice
   of K, multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste
@@ -22,8 +22,10 @@ loads in flight on every SM. The int8 -> float conversion may use the magic-numb
 converter, whose throughput on Hopper is a quarter of the FMA pipe's. A GEMV at M = 1
 converts one weight per FMA, and with the trick it ran 1.5x faster on an H100 (Llama's
 down projection, 21.6 vs 32.1 us); the GEMM was as fast either way, so both are
-candidates. Kernels and configurations (tile, warps, stages, split, conversion) are timed
-once per (M bucket, N, K, dtype) on the first call (:func:`tuned_config`).
+candidates. The configurations (tile, warps, stages, split, conversion) and the choice among
+them live in :mod:`fxopt.quant.int8_configs`: by default the first call of a shape times
+nothing (the on-disk cache, shipped defaults per GPU family, or a choice by shape); with
+``FXOPT_INT8_TUNE=1`` it times every candidate once per (M bucket, N, K, dtype) and machine.
 
 ``int8_weight_only_swiglu`` runs the same kernels with GATED: each program reads the
 gate's and the up projection's rows of one ``[2N, K]`` weight and stores
@@ -35,76 +37,18 @@ This module imports triton: it is loaded only by the CUDA implementation of
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import statistics
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from fxopt.progress import progress
-from fxopt.quant import tuning_cache
+from fxopt.quant import int8_configs
+from fxopt.quant.int8_configs import GEMV_MAX_M, Candidate, Config, candidates
 
-_log = logging.getLogger(__name__)
-
-#: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
-#: the tensor-core tile's do not; at M = 4 it was 1.7x slower on an H100)
-GEMV_MAX_M = 2
-#: the same for the int4 kernels, which are picked by M alone (no tuning between them)
+#: the largest M at which the int4 kernels run their GEMV (picked by M alone, not tuned)
 INT4_GEMV_MAX_M = 2
-
-
-@dataclass(frozen=True)
-class Config:
-    """One launch configuration of ``_gemv`` or ``_gemm``.
-
-    ``split_k`` programs share one tile's K range; ``fast_cvt`` picks the magic-number
-    int8 conversion (1) or Triton's plain cast (0); ``block_m`` is the GEMM's tile of
-    rows (the GEMV takes all M rows at once).
-    """
-
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    split_k: int = 1
-    block_m: int = 16
-    fast_cvt: int = 1
-
-
-#: (BLOCK_N, BLOCK_K, warps, stages) of the GEMV and of the GEMM at M <= 16 and above
-_GEMV_TILES = [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 256, 4, 1), (32, 256, 4, 1), (8, 512, 4, 1),
-               (4, 1024, 4, 1), (16, 1024, 8, 1), (8, 1024, 4, 3), (16, 512, 4, 3), (8, 512, 4, 3),
-               (4, 512, 4, 1), (8, 256, 4, 1)]
-_GEMM_SMALL_M = [(32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 256, 8, 3), (32, 512, 4, 3),
-                 (32, 256, 4, 6), (64, 128, 4, 6), (16, 512, 4, 4)]
-_GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
-                 (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
-
-
-def candidates(m: int, kind: str | None = None, gated: bool = False) -> list[tuple[str, Config]]:
-    """The (kernel, configuration) pairs tried at ``m`` rows, optionally of one kernel only.
-
-    ``gated`` (the SwiGLU form, two weight tiles per program) takes no K split.
-    """
-    splits = (1,) if gated else (1, 2)
-    tiles = 2 if gated else 1
-    found = []
-    if kind in (None, "gemv") and (m <= GEMV_MAX_M or kind == "gemv"):
-        rows = triton.next_power_of_2(m)
-        # the fp32 partial sums of the tiles live in registers: keep them to 64 per thread
-        found += [("gemv", Config(bn, bk, w, st, split)) for split in splits
-                  for bn, bk, w, st in _GEMV_TILES if tiles * rows * bn * bk <= 64 * 32 * w]
-    if kind in (None, "gemm"):
-        if m <= 16:
-            found += [("gemm", Config(bn, bk, w, st, split, 16, cvt)) for split in splits for cvt in (1, 0)
-                      for bn, bk, w, st in _GEMM_SMALL_M]
-        else:
-            found += [("gemm", Config(bn, bk, w, st, 1, bm)) for bn, bm, bk, w, st in _GEMM_LARGE_M]
-    return found
 
 
 @triton.jit
@@ -267,7 +211,8 @@ def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, b
                                                     HAS_BIAS=bias is not None, BLOCK=1024)
 
 
-_TUNED: dict[tuple, tuple[str, Config]] = {}
+#: the choice per (tuning key, tuning on): one look-up per shape and process
+_TUNED: dict[tuple, Candidate] = {}
 #: every candidate's time (ms) per tuning key: what the benchmark reports
 TUNING_TIMES: dict[tuple, dict[tuple[str, Config], float]] = {}
 _EVICT: dict[torch.device, Tensor] = {}
@@ -295,54 +240,36 @@ def _time_ms(launch, device: torch.device, reps: int) -> float:
 
 
 def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: Tensor,
-                 kind: str | None = None, gated: bool = False) -> tuple[str, Config]:
-    """The fastest of :func:`candidates` for this (M bucket, N, K, dtypes, kernel choice),
-    timed on the first call with these operands (:func:`_time_ms`): every candidate
-    briefly, then the four fastest again for longer. The winner is kept on disk
-    (:mod:`fxopt.quant.tuning_cache`): a later process on the same GPU and software skips
-    the timing. The first call must not be inside a
-    CUDA graph capture. On CPU tensors (Triton's interpreter, in tests) the first
-    candidate, untimed."""
+                 kind: str | None = None, gated: bool = False) -> Candidate:
+    """The kernel and configuration for this (M bucket, N, K, dtypes, kernel choice), chosen
+    on the first call with these operands by :func:`fxopt.quant.int8_configs.choose`: from
+    the on-disk cache, by timing every candidate (:func:`_time_ms`) only where tuning is on,
+    else from the shipped defaults for this GPU family or by shape. A first call that tunes
+    must not be inside a CUDA graph capture. On CPU tensors (Triton's interpreter, in
+    tests) nothing is timed or read from disk: the choice by shape."""
     m, k = x2d.shape
     key = (triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None, kind, gated)
-    if key not in _TUNED:
+    # tuning switched on later must not be answered by an untuned pick of this process
+    memo_key = (key, int8_configs.tuning_enabled())
+    if memo_key not in _TUNED:
         found = candidates(m, kind, gated)
         if not x2d.is_cuda:
-            _TUNED[key] = found[0]
-            return found[0]
-
+            _TUNED[memo_key] = int8_configs.choose(key, found, None, None, None)
+            return _TUNED[memo_key]
         machine = (f"{torch.cuda.get_device_name(x2d.device)}|triton {triton.__version__}"
                    f"|torch {torch.__version__}")
-        disk_key = tuning_cache.entry_key(machine, key)
-        cached = tuning_cache.lookup(disk_key)
-        if cached is not None:
-            try:
-                kind_config = cached[0], Config(**cached[1])
-            except TypeError:  # fields of an older Config
-                kind_config = None
-            if kind_config in found:
-                _TUNED[key] = kind_config
-                return kind_config
-        _log.warning("fxopt: tuning the int8 kernel for M <= %d, N=%d, K=%d, %s: %d candidates "
-                     "(once per shape on this machine; cached in %s)", key[0], key[1], k,
-                     x2d.dtype, len(found), tuning_cache.cache_path())
+        family = int8_configs.gpu_family(torch.cuda.get_device_capability(x2d.device))
 
-        def timed(kind_config: tuple[str, Config], reps: int) -> float:
-            return _time_ms(lambda: run_int8(*kind_config, x2d, w, scale, bias, y, gated), x2d.device, reps)
-
-        times = TUNING_TIMES[key] = {}
-        for kind_config in progress(found, desc=f"tuning int8 kernel M={m} N={w.shape[0]} K={k}",
-                                    unit="config", delay=1.0):
+        def timed(candidate: Candidate, reps: int) -> float | None:
             try:
-                times[kind_config] = timed(kind_config, 15)
+                t = _time_ms(lambda: run_int8(*candidate, x2d, w, scale, bias, y, gated), x2d.device, reps)
             except triton.runtime.errors.OutOfResources:
-                continue
-        finalists = sorted(times, key=times.get)[:4]
-        for kind_config in finalists:
-            times[kind_config] = timed(kind_config, 100)
-        _TUNED[key] = min(finalists, key=times.get)
-        tuning_cache.store(disk_key, _TUNED[key][0], dataclasses.asdict(_TUNED[key][1]))
-    return _TUNED[key]
+                return None
+            TUNING_TIMES.setdefault(key, {})[candidate] = t
+            return t
+
+        _TUNED[memo_key] = int8_configs.choose(key, found, machine, family, timed)
+    return _TUNED[memo_key]
 
 
 @triton.jit

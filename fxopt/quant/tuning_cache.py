@@ -1,9 +1,10 @@
 """On-disk cache of the int8 weight-only kernels' tuning results.
 
-Tuning times every candidate kernel configuration once per (M bucket, N, K, dtype) on the
-first call: 45-60 s per M bucket for a Llama-sized stack on an H100 (bench/RESULTS.md).
-The winner depends only on the machine and the software, so it is kept in a JSON file and
-a later process on the same machine starts from it. An entry's key holds the GPU's name,
+Tuning, when asked for (``FXOPT_INT8_TUNE=1``, :mod:`fxopt.quant.int8_configs`), times
+every candidate kernel configuration once per (M bucket, N, K, dtype) on the first call:
+45-60 s per M bucket for a Llama-sized stack on an H100 (bench/RESULTS.md). The winner
+depends only on the machine and the software, so it is kept in a JSON file and a later
+process on the same machine starts from it, before any shipped default. An entry's key holds the GPU's name,
 the Triton and torch versions and the tuning key; anything else (another GPU, a Triton
 upgrade) misses and tunes afresh. The file lives in ``$FXOPT_CACHE_DIR`` (default
 ``~/.cache/fxopt``); an unreadable or corrupt file counts as empty, and writes replace

@@ -116,3 +116,39 @@ def test_int4_kernels_match_dequantized_reference(m, n, k, dtype, bias, kernel):
     y = triton_kernels.int4_weight_only_linear(x, packed, scales, 64, b, kernel=kernel)
     expected = x.float() @ unpack_int4(packed, scales, 64).t() + (b.float() if bias else 0)
     torch.testing.assert_close(y.float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+
+
+def test_first_call_on_a_gpu_times_nothing_unless_tuning_is_on(tmp_path, monkeypatch):
+    """tuned_config's CUDA path, with the GPU faked: untuned by default (timing raises), and
+    with FXOPT_INT8_TUNE=1 the candidates are timed and the winner is cached on disk."""
+    from types import SimpleNamespace
+
+    from fxopt.quant import int8_configs, tuning_cache
+
+    monkeypatch.setenv("FXOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(int8_configs.TUNE_ENV, raising=False)
+    monkeypatch.setattr(int8_configs, "_tuning", None)
+    monkeypatch.setattr(triton_kernels, "_TUNED", {})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def no_timing(launch, device, reps):
+        raise AssertionError("timed a candidate although tuning is off")
+
+    monkeypatch.setattr(triton_kernels, "_time_ms", no_timing)
+    x = SimpleNamespace(shape=(3, 64), dtype=torch.bfloat16, is_cuda=True, device="cuda:0")
+    w, s = torch.zeros(48, 64, dtype=torch.int8), torch.ones(48)
+    found = triton_kernels.candidates(3)
+    untuned = triton_kernels.tuned_config(x, w, s, None, None)
+    assert untuned in found and not tuning_cache.cache_path().exists()
+
+    fastest = found[-1]
+    assert fastest != untuned
+    monkeypatch.setattr(triton_kernels, "run_int8", lambda *args: args[:2])
+    monkeypatch.setattr(triton_kernels, "_time_ms",
+                        lambda launch, device, reps: 1.0 if launch() == fastest else 2.0)
+    monkeypatch.setenv(int8_configs.TUNE_ENV, "1")
+    assert triton_kernels.tuned_config(x, w, s, None, None) == fastest  # not the untuned memo
+    assert tuning_cache.lookup(tuning_cache.entry_key(
+        f"NVIDIA H100 80GB HBM3|triton {triton_kernels.triton.__version__}|torch {torch.__version__}",
+        (4, 48, 64, torch.bfloat16, False, None, False)))[0] == fastest[0]
