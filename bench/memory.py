@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import copy
 import csv
-import ctypes
 import json
 import os
 import sys
@@ -30,65 +29,18 @@ from pathlib import Path
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fxopt  # noqa: E402
 from fxopt.memory.executor import ArenaRunner  # noqa: E402
+from fxopt.memory.measure import cpu_peak, cuda_peak  # noqa: E402
 from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
 from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
 from fxopt.models import ZOO, example_inputs  # noqa: E402
 from fxopt.progress import progress  # noqa: E402
 
 MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-
-_libc = ctypes.CDLL("libc.so.6")
-_libc.mallinfo2.restype = _MallInfo2
-
-
-def malloc_in_use() -> int:
-    info = _libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
-class _PeakSampler(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.peak = malloc_in_use()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, malloc_in_use())
-        return out
-
-
-def cpu_peak(fn) -> int:
-    fn()  # warm up (lazy initializations allocate once)
-    base = malloc_in_use()
-    with torch.no_grad(), _PeakSampler() as sampler:
-        out = fn()
-    del out
-    return sampler.peak - base
-
-
-def cuda_peak(fn) -> int:
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.no_grad():
-        out = fn()
-    torch.cuda.synchronize()
-    del out
-    return torch.cuda.max_memory_allocated() - base
 
 
 def reinplace_count(gm: fx.GraphModule, inputs) -> str:
