@@ -84,6 +84,10 @@ def bench_model(name: str, model: torch.nn.Module, inputs, device: str, trace=fx
     runner = ArenaRunner(final_gm)
     row["arena_run_MB"] = runner.arena_bytes / 1e6
     row["unplanned_nodes"] = len(runner.unplanned)
+    outside = runner.outside()
+    row["outside_nodes"] = sum(outside.values())
+    row["outside_ops"] = ", ".join(f"{op} x{count}" for op, count in outside.items())
+    row["planned_nodes"] = len(runner.planned)
     with torch.no_grad():
         reference = model(*inputs)
         got = runner(*inputs)
@@ -229,8 +233,10 @@ def main() -> None:
     print(f"\n{results['machine']}, torch {results['torch']}")
     print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
                                      "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
+    print(table(results["models"], ["model", "device", "planned_nodes", "outside_nodes", "outside_ops"]))
     print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
-                                     "arena_rel_l2", "peak_eager/bound", "peak_fx/bound", "peak_planned/bound",
+                                     "arena_rel_l2", "predicted_peak_MB", "predicted_unplanned_peak_MB", "peak_eager/bound", "peak_fx/bound",
+                                     "peak_planned/bound",
                                      "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
     print(json.dumps(results["scaling"]))
     if args.minimalloc:

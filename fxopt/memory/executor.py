@@ -1,26 +1,30 @@
 """Run a planned GraphModule inside one preallocated arena.
 
 Every planned node writes its result into its arena slice through an ``out=`` kernel
-that allocates nothing on the side. Not every op has one: ``relu.out`` and
+that allocates nothing on the side. Not every op has one. ``relu.out``,
 ``convolution.out``, ``mkldnn_convolution.out`` and ``native_layer_norm.out`` compute
-into a temporary and copy (so ``relu`` runs as ``clamp_min(x, 0, out=...)``, bit for
-bit the same; a CUDA convolution as ``cudnn_convolution.out`` plus its bias; a CPU 1x1
-convolution as ``_slow_conv2d_forward.output``, one GEMM; layer norm as mean, variance
-and an affine map, each into its buffer), and a CPU 3x3 or depthwise convolution or a
-user's module have none at all. Such nodes fall back, one by one, to running as usual
-(torch's allocator gives them memory); :attr:`ArenaRunner.unplanned` lists each with
-the reason. Some kernels write more than their result (max-pool indices, layer-norm
-statistics, CUDA batch-norm statistics): that *scratch* is planned like any buffer,
-live only while its op runs, so the predicted peak counts it. Views and in-place ops need no memory of their own: they act on whatever
-their base is, arena or not. A ``cat`` copies only the inputs that are not already in
-their slice (concat-aware placement), so an elided ``cat`` copies nothing; a producer
-placed in a slice that has no ``out=`` kernel computes aside and is copied into it
-once, which is the copy the ``cat`` would have made anyway.
+into a temporary and copy, so: ``relu`` runs as ``clamp_min(x, 0, out=...)`` (bit for
+bit the same), a CUDA convolution as ``cudnn_convolution.out`` plus its bias, a CPU 1x1
+convolution as ``_slow_conv2d_forward.output`` (one GEMM), layer norm as mean, variance
+and an affine map, each into its buffer. A CPU 3x3 or depthwise convolution (NCHW),
+a transposed convolution or a user's module have none at all. Such nodes fall back, one
+by one, to running as usual (torch's allocator gives them memory);
+:attr:`ArenaRunner.unplanned` lists each with the reason and :meth:`ArenaRunner.outside`
+counts them by op.
+
+Some kernels write more than their result (max-pool indices, layer-norm statistics,
+CUDA batch-norm statistics): that *scratch* is planned like any buffer, live only while
+its op runs, so the predicted peak counts it. Views and in-place ops need no memory of
+their own: they act on whatever their base is, arena or not. A ``cat`` copies only the
+inputs that are not already in their slice (concat-aware placement), so an elided
+``cat`` copies nothing; a producer placed in a slice that has no ``out=`` kernel
+computes aside and is copied into it once, which is the copy the ``cat`` would have
+made anyway.
 
 The planned nodes call their kernels from a copy of the GraphModule's own code, which
 frees each value after its last use exactly as the unplanned run does and keeps no
-per-run state: an ``fx.Interpreter``'s environment dict, grown to the graph's size on
-every run, was the few kB by which the planned CPU runs measured above the unplanned.
+per-run state. (An ``fx.Interpreter``'s environment dict, grown to the graph's size on
+every run, was most of the few kB by which planned CPU runs measured above unplanned.)
 
 The runner is for inference: ``out=`` kernels do not record autograd history, so it
 runs under ``torch.no_grad()``.
@@ -157,6 +161,15 @@ def _adaptive_avg_pool(size: Any) -> Kernel:
     if size == [1, 1]:
         return lambda args, kwargs, out: torch.mean(args[0], (-1, -2), keepdim=True, out=out)
     return lambda args, kwargs, out: torch.ops.aten._adaptive_avg_pool2d.out(args[0], size, out=out)
+
+
+def _avg_pool(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, count_include_pad: bool,
+              divisor_override: int | None) -> Kernel:
+    """``avg_pool2d`` through its structured ``out=`` kernel, the one eager runs."""
+    def run(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        torch.ops.aten.avg_pool2d.out(args[0], kernel_size, stride or kernel_size, padding, ceil_mode,
+                                      count_include_pad, divisor_override, out=out)
+    return run
 
 
 def _max_pool(node: fx.Node, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
@@ -477,6 +490,17 @@ class ArenaRunner:
             env[node].meta = dict(node.meta)
         return fx.GraphModule(self.gm, graph)
 
+    def outside(self) -> dict[str, int]:
+        """How many nodes of each op run outside the arena (the graph's outputs aside, which
+        the caller owns in any run): what keeps the plan from being executed in full."""
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        counts: dict[str, int] = {}
+        for name, reason in self.unplanned.items():
+            if name in nodes and not reason.startswith("returned by the graph"):
+                op = _describe(nodes[name])
+                counts[op] = counts.get(op, 0) + 1
+        return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
     # -- running ------------------------------------------------------------------------
 
     def __call__(self, *inputs: Any) -> Any:
@@ -535,6 +559,9 @@ def _module_lowering(mod: nn.Module, node: fx.Node) -> Lowering | None:
         return _plain(_relu)
     if type(mod) is nn.AdaptiveAvgPool2d:
         return _plain(_adaptive_avg_pool(mod.output_size))
+    if type(mod) is nn.AvgPool2d:
+        return _plain(_avg_pool(mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode, mod.count_include_pad,
+                                mod.divisor_override))
     if type(mod) is nn.MaxPool2d and not mod.return_indices:
         return _max_pool(node, mod.kernel_size, mod.stride, mod.padding, mod.dilation, mod.ceil_mode)
     if type(mod) is nn.LayerNorm:

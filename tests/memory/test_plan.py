@@ -430,6 +430,8 @@ def _arena_cases():
          (1, 4, 9, 9), "MaxPool2d", True),
         ("AdaptiveAvgPool2d", lambda: nn.Sequential(nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(3), nn.BatchNorm2d(4)),
          (1, 4, 12, 12), "AdaptiveAvgPool2d", True),
+        ("AvgPool2d", lambda: nn.Sequential(nn.BatchNorm2d(4), nn.AvgPool2d(2), nn.BatchNorm2d(4)),
+         (1, 4, 12, 12), "AvgPool2d", True),
         ("LayerNorm", lambda: nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 8)),
          (4, 16), "LayerNorm", False),
         ("Conv2d-1x1", lambda: nn.Sequential(nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 1),
