@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -261,6 +261,25 @@ _METHOD_KERNELS: dict[str, Kernel] = {
 _CATS = (torch.cat, torch.concat, torch.ops.aten.cat.default)
 
 
+@dataclass
+class _Extras:
+    """Buffers beyond the plan's, each live at one node: ``scratch_of`` maps a plan buffer to
+    its writers' scratch (in the arena when the buffer is kept, allocated by torch when not),
+    ``aside_of`` to the results its hosted copies compute aside (outside, only when it is
+    kept); ``scratch_ids`` maps a node to its scratch. Indices point into ``buffers``."""
+
+    buffers: list[Buffer]
+    scratch_of: dict[int, list[int]] = field(default_factory=dict)
+    aside_of: dict[int, list[int]] = field(default_factory=dict)
+    scratch_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, owner: int, into: dict[int, list[int]], new: list[Buffer]) -> list[int]:
+        ids = list(range(len(self.buffers), len(self.buffers) + len(new)))
+        self.buffers += new
+        into.setdefault(owner, []).extend(ids)
+        return ids
+
+
 class ArenaError(FxoptError, RuntimeError):
     """The GraphModule has no memory plan, or it no longer matches the graph."""
 
@@ -323,14 +342,27 @@ class ArenaRunner:
         buffer inside is kept: that run allocates nothing but its outputs. The kept
         buffers are placed again. Returns the kept slots and, per node, the (offset,
         size) of each scratch tensor.
+
+        A producer hosted in a kept ``cat`` buffer without a kernel of its own computes its
+        result aside (outside, live at its step) and copies it in: counted too.
         """
         writable = {plan.slots[n.name].buffer for n in gm.graph.nodes
                     if n.name in plan.slots and plan.slots[n.name].owner and self._writes_arena(n)}
-        buffers, scratch_of, scratch_ids = self._with_scratch(gm, plan)
-        self.predicted_unplanned_peak = lower_bound(buffers)
+        extras = self._extras(gm, plan)
+        buffers = extras.buffers
+        aside = {j for ids in extras.aside_of.values() for j in ids}
+        # concat-aware placement is the plan's: the unplanned run allocates each cat input on
+        # its own, so its peak is at least the bound before merging
+        self.predicted_unplanned_peak = max(lower_bound(b for i, b in enumerate(buffers) if i not in aside),
+                                            plan.lower_bound_before_concat)
 
         def inside(kept: set[int]) -> set[int]:
-            return kept | {j for i in kept for j in scratch_of.get(i, ())}
+            return kept | {j for i in kept for j in extras.scratch_of.get(i, ())}
+
+        def outside(kept: set[int]) -> set[int]:
+            arena_side = inside(kept)
+            return ({i for i in range(len(buffers)) if i not in arena_side and i not in aside}
+                    | {j for i in kept for j in extras.aside_of.get(i, ())})
 
         def place(kept: set[int], seconds: float) -> dict[int, int]:
             """Offsets for the kept buffers: the plan's own (valid for any subset of its
@@ -345,16 +377,15 @@ class ArenaRunner:
             return dict(zip(order, solution.offsets))
 
         def peak(kept: set[int]) -> int:
-            arena_side = inside(kept)
-            offsets = place(arena_side, 0.02)
+            offsets = place(inside(kept), 0.02)
             arena = max((offsets[i] + buffers[i].size for i in offsets), default=0)
-            return arena + lower_bound(b for i, b in enumerate(buffers) if i not in arena_side)
+            return arena + lower_bound(buffers[i] for i in outside(kept))
 
         keep, best = set(writable), peak(writable)
         for i in sorted(writable, key=lambda i: -buffers[i].size):
             if (candidate := peak(keep - {i})) < best:
                 keep, best = keep - {i}, candidate
-        everything = len(keep) == len(plan.buffers)
+        everything = len(keep) == len(plan.buffers) and not outside(keep)
         if best > self.predicted_unplanned_peak or (best == self.predicted_unplanned_peak and not everything):
             keep, best = set(), self.predicted_unplanned_peak
         self.predicted_peak = best
@@ -364,25 +395,23 @@ class ArenaRunner:
                             slot.owner, slot.hosted, slot.buffer)
                  for name, slot in plan.slots.items() if slot.buffer in keep}
         scratch = {name: [(offsets[j], buffers[j].size) for j in ids]
-                   for name, ids in scratch_ids.items() if ids and ids[0] in offsets}
+                   for name, ids in extras.scratch_ids.items() if ids and ids[0] in offsets}
         return slots, scratch
 
-    def _with_scratch(self, gm: fx.GraphModule, plan: MemoryPlan) -> tuple[list[Buffer], dict[int, list[int]],
-                                                                              dict[str, list[int]]]:
-        """The plan's buffers followed by one per scratch tensor, live at its node only; which
-        scratch buffers each plan buffer's writers bring along; and each node's."""
-        buffers = list(plan.buffers)
-        scratch_of: dict[int, list[int]] = {}
-        scratch_ids: dict[str, list[int]] = {}
+    def _extras(self, gm: fx.GraphModule, plan: MemoryPlan) -> _Extras:
+        """The plan's buffers followed by the extra ones, each live at its node alone."""
+        extras = _Extras(list(plan.buffers))
         for t, node in enumerate(gm.graph.nodes):
-            lowering = self.lowerings.get(node)
-            if lowering is None or not self._writes_arena(node):
+            if node.name not in plan.slots or not plan.slots[node.name].owner or not self._writes_arena(node):
                 continue
-            ids = scratch_ids[node.name] = list(range(len(buffers), len(buffers) + len(lowering.scratch)))
-            scratch_of.setdefault(plan.slots[node.name].buffer, []).extend(ids)
-            buffers += [Buffer(f"{node.name}.scratch{k}", t, t, _align(x.untyped_storage().nbytes(), plan.alignment))
-                        for k, x in enumerate(lowering.scratch)]
-        return buffers, scratch_of, scratch_ids
+            lowering, owner = self.lowerings.get(node), plan.slots[node.name].buffer
+            if lowering is not None and not _has_out_kwarg(node):
+                extras.scratch_ids[node.name] = extras.add(owner, extras.scratch_of, [
+                    Buffer(f"{node.name}.scratch{k}", t, t, _align(x.untyped_storage().nbytes(), plan.alignment))
+                    for k, x in enumerate(lowering.scratch)])
+            elif not (node.op == "call_function" and node.target in _CATS):  # a hosted copy
+                extras.add(owner, extras.aside_of, [Buffer(f"{node.name}.aside", t, t, plan.slots[node.name].size)])
+        return extras
 
     def _writes_arena(self, node: fx.Node) -> bool:
         if not isinstance(node.meta.get("val"), torch.Tensor):
