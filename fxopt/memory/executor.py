@@ -154,10 +154,14 @@ def _cudnn_can_write(conv: nn.Module, node: fx.Node) -> bool:
     return all(t.is_contiguous(memory_format=fmt) for t in (x, conv.weight, out))
 
 
+def _pair(v: int | tuple[int, ...] | list[int]) -> list[int]:
+    return [v, v] if isinstance(v, int) else list(v)
+
+
 def _adaptive_avg_pool(size: Any) -> Kernel:
     """``adaptive_avg_pool2d`` as eager runs it: a mean over H and W for a 1x1 output, else
     the pooling kernel (both write straight into ``out``)."""
-    size = [size, size] if isinstance(size, int) else list(size)
+    size = _pair(size)
     if size == [1, 1]:
         return lambda args, kwargs, out: torch.mean(args[0], (-1, -2), keepdim=True, out=out)
     return lambda args, kwargs, out: torch.ops.aten._adaptive_avg_pool2d.out(args[0], size, out=out)
@@ -179,9 +183,8 @@ def _max_pool(node: fx.Node, kernel_size: Any, stride: Any, padding: Any, dilati
     val = node.meta["val"]
     if val.dim() not in (3, 4) or val.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         return None
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-    kernel_size, padding, dilation = pair(kernel_size), pair(padding), pair(dilation)
-    stride = pair(stride) if stride else kernel_size
+    kernel_size, padding, dilation = _pair(kernel_size), _pair(padding), _pair(dilation)
+    stride = _pair(stride) if stride else kernel_size
     indices = torch.empty_strided(val.shape, val.stride(), dtype=torch.int64, device="meta")
 
     def make(indices: torch.Tensor) -> Kernel:

@@ -457,8 +457,9 @@ def test_newly_arena_ops_run_in_the_arena_and_match_eager(device, factory, shape
         expected = model(fresh)
     if bitwise and device == "cpu":
         assert torch.equal(runner(fresh), expected)
-    else:
-        torch.testing.assert_close(runner(fresh), expected, atol=1e-5, rtol=1e-5)
+    else:  # cuDNN may pick another TF32 algorithm for the out= call than for eager's
+        tolerance = 1e-5 if device == "cpu" else 2e-3
+        torch.testing.assert_close(runner(fresh), expected, atol=tolerance, rtol=tolerance)
 
 
 @pytest.mark.parametrize("device", _DEVICES)
