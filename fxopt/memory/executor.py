@@ -154,6 +154,33 @@ def _cudnn_can_write(conv: nn.Module, node: fx.Node) -> bool:
     return all(t.is_contiguous(memory_format=fmt) for t in (x, conv.weight, out))
 
 
+def _onednn_can_write(conv: nn.Module, node: fx.Node) -> bool:
+    """Whether ``conv`` is a CPU convolution that oneDNN writes straight into ``out``: its
+    in-place fused path (``mkldnn::_convolution_pointwise_.binary``, "add" into ``out``)
+    runs only with channels-last tensors, and otherwise computes aside and adds."""
+    if not (type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple)
+            and conv.weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled and conv.weight.dtype in (torch.float32, torch.bfloat16)):
+        return False
+    x, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and x.dim() == 4 and not node.kwargs and x.dtype == conv.weight.dtype):
+        return False
+    last = torch.channels_last
+    return (out.is_contiguous(memory_format=last) and not out.is_contiguous()
+            and any(t.is_contiguous(memory_format=last) and not t.is_contiguous() for t in (x, conv.weight)))
+
+
+def _onednn_conv(conv: nn.Conv2d) -> Kernel:
+    """A channels-last CPU convolution as oneDNN's fused conv + sum into a zeroed ``out``:
+    ``0 + conv(x)`` is ``conv(x)`` bit for bit, and nothing is allocated aside."""
+    padding, stride, dilation = list(conv.padding), list(conv.stride), list(conv.dilation)
+
+    def run(args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        torch.ops.mkldnn._convolution_pointwise_.binary(out.zero_(), args[0], conv.weight, conv.bias, padding,
+                                                        stride, dilation, conv.groups, "add", None, None, [], None)
+    return run
+
+
 def _pair(v: int | tuple[int, ...] | list[int]) -> list[int]:
     return [v, v] if isinstance(v, int) else list(v)
 
@@ -294,18 +321,22 @@ class ArenaRunner:
     the arena; ``planned`` lists the nodes that write into it; ``arena_bytes`` is the
     arena actually allocated (the plan's buffers that some node writes and that do not
     raise the peak, with their scratch, placed again); ``module`` is the GraphModule that
-    runs. ``predicted_peak`` and ``predicted_unplanned_peak`` are the peak bytes of the
-    run with and without the arena, by the plan's lifetimes: the arena plus the most
-    bytes the buffers outside it hold at once, against the most bytes all buffers hold
-    at once (outputs and unplanned storages aside, which both runs hold alike; torch's
-    temporaries inside an op aside too).
+    runs. ``keep_all=True`` keeps every buffer some node can write, even where the
+    prediction says that raises the peak: a steady state with no allocator call per
+    planned node (what usually tips the prediction is the graph's output, allocated on
+    top of the whole arena). ``predicted_peak`` and ``predicted_unplanned_peak`` are the
+    peak bytes of the run with and without the arena, by the plan's lifetimes: the arena
+    plus the most bytes the buffers outside it (outputs and scratch included) hold at
+    once, against the most bytes all buffers hold at once (torch's temporaries inside an
+    op aside).
     """
 
     def __init__(self, gm: fx.GraphModule, plan: MemoryPlan | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, *, keep_all: bool = False):
         plan = plan if plan is not None else gm.meta.get(PLAN_KEY)
         if plan is None:
             raise ArenaError("the GraphModule has no memory plan: run the plan_memory pass first")
+        self.keep_all = keep_all
         self.gm, self.plan = gm, plan
         if device is None:
             tensor = next(iter(gm.parameters()), None)
@@ -347,7 +378,9 @@ class ArenaRunner:
         size) of each scratch tensor.
 
         A producer hosted in a kept ``cat`` buffer without a kernel of its own computes its
-        result aside (outside, live at its step) and copies it in: counted too.
+        result aside (outside, live at its step) and copies it in: counted too. So are the
+        graph's outputs, on both sides: the caller keeps them, so they are allocated by
+        torch in either run, but in the planned one on top of the whole arena.
         """
         writable = {plan.slots[n.name].buffer for n in gm.graph.nodes
                     if n.name in plan.slots and plan.slots[n.name].owner and self._writes_arena(n)}
@@ -356,8 +389,9 @@ class ArenaRunner:
         aside = {j for ids in extras.aside_of.values() for j in ids}
         # concat-aware placement is the plan's: the unplanned run allocates each cat input on
         # its own, so its peak is at least the bound before merging
-        self.predicted_unplanned_peak = max(lower_bound(b for i, b in enumerate(buffers) if i not in aside),
-                                            plan.lower_bound_before_concat)
+        self.predicted_unplanned_peak = max(
+            lower_bound([*(b for i, b in enumerate(buffers) if i not in aside), *plan.outputs]),
+            plan.lower_bound_before_concat)
 
         def inside(kept: set[int]) -> set[int]:
             return kept | {j for i in kept for j in extras.scratch_of.get(i, ())}
@@ -382,15 +416,11 @@ class ArenaRunner:
         def peak(kept: set[int]) -> int:
             offsets = place(inside(kept), 0.02)
             arena = max((offsets[i] + buffers[i].size for i in offsets), default=0)
-            return arena + lower_bound(buffers[i] for i in outside(kept))
+            return arena + lower_bound([*(buffers[i] for i in outside(kept)), *plan.outputs])
 
         keep, best = set(writable), peak(writable)
-        for i in sorted(writable, key=lambda i: -buffers[i].size):
-            if (candidate := peak(keep - {i})) < best:
-                keep, best = keep - {i}, candidate
-        everything = len(keep) == len(plan.buffers) and not outside(keep)
-        if best > self.predicted_unplanned_peak or (best == self.predicted_unplanned_peak and not everything):
-            keep, best = set(), self.predicted_unplanned_peak
+        if not self.keep_all:
+            keep, best = self._drop(keep, best, peak, outside, len(plan.buffers))
         self.predicted_peak = best
         self.dropped = writable - keep
         offsets = place(inside(keep), 0.2)
@@ -400,6 +430,19 @@ class ArenaRunner:
         scratch = {name: [(offsets[j], buffers[j].size) for j in ids]
                    for name, ids in extras.scratch_ids.items() if ids and ids[0] in offsets}
         return slots, scratch
+
+    def _drop(self, keep: set[int], best: int, peak: Callable[[set[int]], int],
+              outside: Callable[[set[int]], set[int]], planned: int) -> tuple[set[int], int]:
+        """The buffers worth keeping and their predicted peak: drop the largest first while
+        that lowers the prediction; keep none if running without an arena is predicted
+        lower, or equal while buffers stay outside (see :meth:`_replan`)."""
+        for i in sorted(keep, key=lambda i: -self.plan.buffers[i].size):
+            if (candidate := peak(keep - {i})) < best:
+                keep, best = keep - {i}, candidate
+        everything = len(keep) == planned and not outside(keep)
+        if best > self.predicted_unplanned_peak or (best == self.predicted_unplanned_peak and not everything):
+            return set(), self.predicted_unplanned_peak
+        return keep, best
 
     def _extras(self, gm: fx.GraphModule, plan: MemoryPlan) -> _Extras:
         """The plan's buffers followed by the extra ones, each live at its node alone."""
@@ -583,6 +626,8 @@ def _function_lowering(node: fx.Node) -> Lowering | None:
 def _module_lowering(mod: nn.Module, node: fx.Node) -> Lowering | None:
     if _cudnn_can_write(mod, node):
         return _plain(_cudnn_conv_with(mod))
+    if _onednn_can_write(mod, node):
+        return _plain(_onednn_conv(mod))
     if _pointwise_conv_can_write(mod, node):
         return _plain(_pointwise_conv(mod))
     if type(mod) is nn.Linear:
