@@ -81,37 +81,42 @@ def bench_model(name: str, model: torch.nn.Module, inputs, device: str, trace=fx
         "arena/bound": final.ratio,
         "plan_ms": min(plan(gm, inputs, ["plan_memory"])[1].seconds for _ in range(3)) * 1e3,
     })
-    runner = ArenaRunner(final_gm)
+    runner, everything = ArenaRunner(final_gm), ArenaRunner(final_gm, keep_all=True)
     row["arena_run_MB"] = runner.arena_bytes / 1e6
+    row["arena_all_MB"] = everything.arena_bytes / 1e6
     row["unplanned_nodes"] = len(runner.unplanned)
     outside = runner.outside()
     row["outside_nodes"] = sum(outside.values())
     row["outside_ops"] = ", ".join(f"{op} x{count}" for op, count in outside.items())
     row["planned_nodes"] = len(runner.planned)
-    with torch.no_grad():
-        reference = model(*inputs)
-        got = runner(*inputs)
-    same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(reference),
-                                                  torch.utils._pytree.tree_leaves(got)))
-    row["arena_bitwise"] = same
-    row["arena_rel_l2"] = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(
-        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(reference)))
+    row["planned_all_nodes"] = len(everything.planned)
+    row.update({f"arena_{k}": v for k, v in compare(model, runner, inputs).items()})
+    row.update({f"all_{k}": v for k, v in compare(model, everything, inputs).items()})
     row["predicted_peak_MB"] = runner.predicted_peak / 1e6
     row["predicted_unplanned_peak_MB"] = runner.predicted_unplanned_peak / 1e6
-    if not same:
-        row["arena_max_err"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(
-            torch.utils._pytree.tree_leaves(reference), torch.utils._pytree.tree_leaves(got)))
+    row["predicted_all_MB"] = everything.predicted_peak / 1e6
     measure = cuda_peak if device == "cuda" else cpu_peak
     bound = final.lower_bound_bytes
-    for label, fn in (("eager", lambda: model(*inputs)), ("fx", lambda: inplace_gm(*inputs)),
-                      ("planned", lambda: runner(*inputs))):
+    for label, fn, arena in (("eager", lambda: model(*inputs), 0), ("fx", lambda: inplace_gm(*inputs), 0),
+                             ("planned", lambda: runner(*inputs), runner.arena_bytes),
+                             ("planned_all", lambda: everything(*inputs), everything.arena_bytes)):
         if device == "cuda":
             torch.cuda.empty_cache()
         # the arena was allocated before the run: it is part of the planned peak
-        peak = measure(fn) + (runner.arena_bytes if label == "planned" else 0)
+        peak = measure(fn) + arena
         row[f"peak_{label}_MB"] = peak / 1e6
         row[f"peak_{label}/bound"] = peak / bound if bound else float("nan")
     return row
+
+
+def compare(model: torch.nn.Module, runner: ArenaRunner, inputs) -> dict:
+    """How the arena run's outputs compare with eager's: bitwise, relative L2 and max error."""
+    with torch.no_grad():
+        reference = torch.utils._pytree.tree_leaves(model(*inputs))
+        got = torch.utils._pytree.tree_leaves(runner(*inputs))
+    return {"bitwise": all(torch.equal(a, b) for a, b in zip(reference, got)),
+            "rel_l2": max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(got, reference)),
+            "max_err": max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, got))}
 
 
 def guarded(name: str, *args, **kwargs) -> dict:
@@ -122,12 +127,14 @@ def guarded(name: str, *args, **kwargs) -> dict:
         return {"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def zoo_rows(device: str) -> list[dict]:
+def zoo_rows(device: str, memory_format: torch.memory_format = torch.contiguous_format) -> list[dict]:
     rows = []
-    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}", unit="model"):
-        model = factory().to(device)
-        inputs = tuple(x.to(device) for x in example_inputs(name))
-        rows.append(guarded(name, model, inputs, device))
+    suffix = " (channels-last)" if memory_format == torch.channels_last else ""
+    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}{suffix}", unit="model"):
+        model = factory().to(device, memory_format=memory_format)
+        inputs = tuple(x.to(device, memory_format=memory_format if x.dim() == 4 else torch.preserve_format)
+                       for x in example_inputs(name))
+        rows.append(guarded(name + suffix, model, inputs, device))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -215,6 +222,8 @@ def main() -> None:
     parser.add_argument("--minimalloc", type=float, default=0, help="seconds per MiniMalloc instance (0: skip)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for memory.json")
     parser.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="also the zoo in channels-last (where CPU convolutions have an in-place path)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     results: dict = {"machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -223,6 +232,8 @@ def main() -> None:
     results["models"] = []
     for device in devices:
         results["models"] += zoo_rows(device)
+        if args.channels_last:
+            results["models"] += zoo_rows(device, torch.channels_last)
         if args.extra:
             results["models"] += extra_rows(device)
     results["scaling"] = scaling_row()
@@ -233,7 +244,9 @@ def main() -> None:
     print(f"\n{results['machine']}, torch {results['torch']}")
     print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
                                      "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
-    print(table(results["models"], ["model", "device", "planned_nodes", "outside_nodes", "outside_ops"]))
+    print(table(results["models"], ["model", "device", "planned_nodes", "outside_nodes", "outside_ops",
+                                     "planned_all_nodes", "arena_all_MB", "predicted_all_MB", "peak_planned_all_MB",
+                                     "all_bitwise", "all_rel_l2"]))
     print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
                                      "arena_rel_l2", "predicted_peak_MB", "predicted_unplanned_peak_MB", "peak_eager/bound", "peak_fx/bound",
                                      "peak_planned/bound",
