@@ -226,6 +226,9 @@ def test_unplanned_nodes_name_their_reason():
     runner = ArenaRunner(gm)
     assert "no allocation-free out= kernel for Conv2d" in runner.unplanned["conv1"]
     assert "returned by the graph" in runner.unplanned["fc"]
+    outside = runner.outside()  # what bench/memory.py prints: every node on torch's allocator, by op
+    assert outside["Conv2d"] == 20 and "Linear" not in outside  # fc is the output: the caller's in any run
+    assert sum(outside.values()) == len(runner.unplanned) - 1
 
 
 def test_dynamic_shapes_are_left_unplanned_with_a_reason():
