@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import copy
 import csv
-import ctypes
 import json
 import os
 import sys
@@ -30,65 +29,18 @@ from pathlib import Path
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fxopt  # noqa: E402
 from fxopt.memory.executor import ArenaRunner  # noqa: E402
+from fxopt.memory.measure import cpu_peak, cuda_peak  # noqa: E402
 from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
 from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
 from fxopt.models import ZOO, example_inputs  # noqa: E402
 from fxopt.progress import progress  # noqa: E402
 
 MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-
-_libc = ctypes.CDLL("libc.so.6")
-_libc.mallinfo2.restype = _MallInfo2
-
-
-def malloc_in_use() -> int:
-    info = _libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
-class _PeakSampler(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.peak = malloc_in_use()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, malloc_in_use())
-        return out
-
-
-def cpu_peak(fn) -> int:
-    fn()  # warm up (lazy initializations allocate once)
-    base = malloc_in_use()
-    with torch.no_grad(), _PeakSampler() as sampler:
-        out = fn()
-    del out
-    return sampler.peak - base
-
-
-def cuda_peak(fn) -> int:
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.no_grad():
-        out = fn()
-    torch.cuda.synchronize()
-    del out
-    return torch.cuda.max_memory_allocated() - base
 
 
 def reinplace_count(gm: fx.GraphModule, inputs) -> str:
@@ -129,33 +81,42 @@ def bench_model(name: str, model: torch.nn.Module, inputs, device: str, trace=fx
         "arena/bound": final.ratio,
         "plan_ms": min(plan(gm, inputs, ["plan_memory"])[1].seconds for _ in range(3)) * 1e3,
     })
-    runner = ArenaRunner(final_gm)
+    runner, everything = ArenaRunner(final_gm), ArenaRunner(final_gm, keep_all=True)
     row["arena_run_MB"] = runner.arena_bytes / 1e6
+    row["arena_all_MB"] = everything.arena_bytes / 1e6
     row["unplanned_nodes"] = len(runner.unplanned)
-    with torch.no_grad():
-        reference = model(*inputs)
-        got = runner(*inputs)
-    same = all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(reference),
-                                                  torch.utils._pytree.tree_leaves(got)))
-    row["arena_bitwise"] = same
-    row["arena_rel_l2"] = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(
-        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(reference)))
+    outside = runner.outside()
+    row["outside_nodes"] = sum(outside.values())
+    row["outside_ops"] = ", ".join(f"{op} x{count}" for op, count in outside.items())
+    row["planned_nodes"] = len(runner.planned)
+    row["planned_all_nodes"] = len(everything.planned)
+    row.update({f"arena_{k}": v for k, v in compare(model, runner, inputs).items()})
+    row.update({f"all_{k}": v for k, v in compare(model, everything, inputs).items()})
     row["predicted_peak_MB"] = runner.predicted_peak / 1e6
     row["predicted_unplanned_peak_MB"] = runner.predicted_unplanned_peak / 1e6
-    if not same:
-        row["arena_max_err"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(
-            torch.utils._pytree.tree_leaves(reference), torch.utils._pytree.tree_leaves(got)))
+    row["predicted_all_MB"] = everything.predicted_peak / 1e6
     measure = cuda_peak if device == "cuda" else cpu_peak
     bound = final.lower_bound_bytes
-    for label, fn in (("eager", lambda: model(*inputs)), ("fx", lambda: inplace_gm(*inputs)),
-                      ("planned", lambda: runner(*inputs))):
+    for label, fn, arena in (("eager", lambda: model(*inputs), 0), ("fx", lambda: inplace_gm(*inputs), 0),
+                             ("planned", lambda: runner(*inputs), runner.arena_bytes),
+                             ("planned_all", lambda: everything(*inputs), everything.arena_bytes)):
         if device == "cuda":
             torch.cuda.empty_cache()
         # the arena was allocated before the run: it is part of the planned peak
-        peak = measure(fn) + (runner.arena_bytes if label == "planned" else 0)
+        peak = measure(fn) + arena
         row[f"peak_{label}_MB"] = peak / 1e6
         row[f"peak_{label}/bound"] = peak / bound if bound else float("nan")
     return row
+
+
+def compare(model: torch.nn.Module, runner: ArenaRunner, inputs) -> dict:
+    """How the arena run's outputs compare with eager's: bitwise, relative L2 and max error."""
+    with torch.no_grad():
+        reference = torch.utils._pytree.tree_leaves(model(*inputs))
+        got = torch.utils._pytree.tree_leaves(runner(*inputs))
+    return {"bitwise": all(torch.equal(a, b) for a, b in zip(reference, got)),
+            "rel_l2": max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(got, reference)),
+            "max_err": max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, got))}
 
 
 def guarded(name: str, *args, **kwargs) -> dict:
@@ -166,12 +127,14 @@ def guarded(name: str, *args, **kwargs) -> dict:
         return {"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def zoo_rows(device: str) -> list[dict]:
+def zoo_rows(device: str, memory_format: torch.memory_format = torch.contiguous_format) -> list[dict]:
     rows = []
-    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}", unit="model"):
-        model = factory().to(device)
-        inputs = tuple(x.to(device) for x in example_inputs(name))
-        rows.append(guarded(name, model, inputs, device))
+    suffix = " (channels-last)" if memory_format == torch.channels_last else ""
+    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}{suffix}", unit="model"):
+        model = factory().to(device, memory_format=memory_format)
+        inputs = tuple(x.to(device, memory_format=memory_format if x.dim() == 4 else torch.preserve_format)
+                       for x in example_inputs(name))
+        rows.append(guarded(name + suffix, model, inputs, device))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -259,6 +222,8 @@ def main() -> None:
     parser.add_argument("--minimalloc", type=float, default=0, help="seconds per MiniMalloc instance (0: skip)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for memory.json")
     parser.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="also the zoo in channels-last (where CPU convolutions have an in-place path)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     results: dict = {"machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -267,6 +232,8 @@ def main() -> None:
     results["models"] = []
     for device in devices:
         results["models"] += zoo_rows(device)
+        if args.channels_last:
+            results["models"] += zoo_rows(device, torch.channels_last)
         if args.extra:
             results["models"] += extra_rows(device)
     results["scaling"] = scaling_row()
@@ -277,8 +244,12 @@ def main() -> None:
     print(f"\n{results['machine']}, torch {results['torch']}")
     print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
                                      "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
+    print(table(results["models"], ["model", "device", "planned_nodes", "outside_nodes", "outside_ops",
+                                     "planned_all_nodes", "arena_all_MB", "predicted_all_MB", "peak_planned_all_MB",
+                                     "all_bitwise", "all_rel_l2"]))
     print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
-                                     "arena_rel_l2", "peak_eager/bound", "peak_fx/bound", "peak_planned/bound",
+                                     "arena_rel_l2", "predicted_peak_MB", "predicted_unplanned_peak_MB", "peak_eager/bound", "peak_fx/bound",
+                                     "peak_planned/bound",
                                      "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
     print(json.dumps(results["scaling"]))
     if args.minimalloc:

@@ -72,6 +72,9 @@ class MemoryPlan:
     slots: dict[str, Slot] = field(default_factory=dict)
     #: node name -> why its storage is not in the arena
     unplanned: dict[str, str] = field(default_factory=dict)
+    #: the storages the graph returns, never placed (the caller keeps them): their sizes and
+    #: lifetimes, which a run holds on top of whatever else is live then
+    outputs: list[Buffer] = field(default_factory=list)
     #: cat node -> its inputs that are written straight into their slice of its output
     concat_merged: dict[str, list[str]] = field(default_factory=dict)
     #: cat nodes whose output is a view of a larger buffer: no memory, no copy
@@ -114,8 +117,11 @@ class _Group:
 
 
 def _storage_groups(gm: fx.GraphModule, alias: AliasInfo, live: Liveness,
-                    order: dict[fx.Node, int]) -> tuple[list[_Group], dict[str, str]]:
+                    order: dict[fx.Node, int]) -> tuple[list[_Group], dict[str, str], list[Buffer]]:
+    """The storages to place; why each other storage is not placed; and the returned ones as
+    unplaced buffers with their lifetimes (a run holds them on top of everything else)."""
     unplanned: dict[str, str] = {}
+    outputs: list[Buffer] = []
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = {s for n in output.all_input_nodes for s in alias.storages.get(n, ())}
     groups: list[_Group] = []
@@ -124,16 +130,17 @@ def _storage_groups(gm: fx.GraphModule, alias: AliasInfo, live: Liveness,
             continue
         nodes = sorted(nodes, key=order.__getitem__)
         owner = nodes[0]
-        if storage in returned:
-            unplanned[owner.name] = "returned by the graph: the caller owns it"
-            continue
         nbytes = _storage_nbytes(owner, storage)
         if not isinstance(nbytes, int):
             unplanned[owner.name] = f"dynamic shape: its size is {nbytes} bytes, not a number"
             continue
         interval = live.storages[storage]
+        if storage in returned:
+            unplanned[owner.name] = "returned by the graph: the caller owns it"
+            outputs.append(Buffer(owner.name, interval.start, interval.end, nbytes))
+            continue
         groups.append(_Group(storage, nodes, nbytes, interval.start, interval.end))
-    return groups, unplanned
+    return groups, unplanned, outputs
 
 
 def _storage_nbytes(node: fx.Node, storage: StorageWeakRef) -> Any:
@@ -306,7 +313,9 @@ def build_plan(gm: fx.GraphModule, alias: AliasInfo, live: Liveness, order: dict
                alignment: int = 64, concat: bool = True, time_limit: float = 1.0) -> MemoryPlan:
     """Plan ``gm``'s intermediate storages (see the module doc)."""
     began = time.perf_counter()
-    groups, unplanned = _storage_groups(gm, alias, live, order)
+    groups, unplanned, outputs = _storage_groups(gm, alias, live, order)
+    for b in outputs:
+        b.size = _align(b.size, alignment)
     for g in groups:
         g.nbytes = _align(g.nbytes, alignment)
     bound_before = lower_bound(_top_level(groups))
@@ -330,7 +339,8 @@ def build_plan(gm: fx.GraphModule, alias: AliasInfo, live: Liveness, order: dict
     plan = MemoryPlan(
         buffers=buffers, arena_bytes=arena_size(buffers), lower_bound_bytes=lower_bound(buffers),
         naive_bytes=sum(g.nbytes for g in groups), lower_bound_before_concat=bound_before,
-        slots=slots, unplanned=unplanned, concat_merged=merger.hosted, concat_elided=merger.elided,
+        slots=slots, unplanned=unplanned, outputs=outputs, concat_merged=merger.hosted,
+        concat_elided=merger.elided,
         method=solution.method, alignment=alignment,
     )
     plan.seconds = time.perf_counter() - began
