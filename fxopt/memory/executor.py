@@ -314,6 +314,18 @@ class ArenaError(FxoptError, RuntimeError):
     """The GraphModule has no memory plan, or it no longer matches the graph."""
 
 
+def _device_of(gm: fx.GraphModule) -> torch.device:
+    """Where the graph computes: its inputs' device as recorded by shape propagation, else
+    its weights'. (Weights alone are not enough: a graph of parameter-free ops, e.g. pools
+    and arithmetic, has none, and its arena must still be on the inputs' GPU.)"""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(value, torch.Tensor):
+            return value.device
+    tensor = next(iter(gm.parameters()), next(iter(gm.buffers()), None))
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
 class ArenaRunner:
     """Executes ``gm`` with all planned intermediates inside one preallocated arena.
 
@@ -339,8 +351,7 @@ class ArenaRunner:
         self.keep_all = keep_all
         self.gm, self.plan = gm, plan
         if device is None:
-            tensor = next(iter(gm.parameters()), None)
-            device = tensor.device if tensor is not None else "cpu"
+            device = _device_of(gm)
         self.unplanned: dict[str, str] = dict(plan.unplanned)
         self.planned: list[str] = []
         self.steps: dict[fx.Node, Callable[[tuple, dict], Any]] = {}

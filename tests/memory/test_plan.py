@@ -505,3 +505,14 @@ def test_channels_last_cpu_convolutions_run_in_the_arena():
         assert all(arena_writes(runner, x).values())
         with torch.no_grad():
             assert torch.equal(runner(x), model(x))
+
+
+def test_the_arena_is_allocated_where_the_inputs_are_even_without_weights():
+    """A graph of parameter-free ops (pools, arithmetic) has no weight to tell its device;
+    the arena must follow the inputs (CUDA inputs met a CPU arena before: a device-mismatch
+    error on the GPU). Meta inputs stand in for a GPU here."""
+    model = nn.Sequential(nn.MaxPool2d(3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+    x = torch.randn(2, 16, 8, 16, device="meta")
+    gm = fxopt.optimize(fx.symbolic_trace(model), passes=["inplace", "plan_memory"], example_inputs=(x,))
+    runner = ArenaRunner(gm, keep_all=True)
+    assert runner.planned and runner.arena.device.type == "meta"
