@@ -438,17 +438,49 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     arguments are bound to the op's schema (or brought into form by an adapter)."""
     if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
         return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
+    spelling = _spelling(target, method)
+    if spelling is None:
+        return None
+    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
+    inplace = spelling.named_inplace or spelled_inplace(None if method else target, spelling.name, args, kwargs)
+    if spelling.adapter is not None:
+        adapted = spelling.adapter(target, args, kwargs)
+        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
+    return Canon(spelling.base, _planned_arguments(target, spelling.name, args, kwargs, method), inplace)
+
+
+@dataclass(frozen=True, slots=True)
+class _Spelling:
+    """What a call target says about its op, asked of the op-facts model once per target
+    (every node of a graph spelled ``torch.relu`` shares it): the op's name, its
+    out-of-place name, whether the name alone writes in place, the argument adapter."""
+
+    name: str
+    base: str
+    named_inplace: bool
+    adapter: Adapter | None
+
+
+_SPELLINGS: dict[tuple[Any, bool], _Spelling | None] = {}
+
+
+def _spelling(target: Any, method: bool) -> _Spelling | None:
+    key = (target, method)
+    try:
+        return _SPELLINGS[key]
+    except KeyError:
+        found = _SPELLINGS[key] = _spelling_of(target, method)
+        return found
+    except TypeError:  # an unhashable target
+        return _spelling_of(target, method)
+
+
+def _spelling_of(target: Any, method: bool) -> _Spelling | None:
     name = op_name(target, method=method)
     if name is None:
         return None
-    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
-    inplace = spelled_inplace(None if method else target, name, args, kwargs)
     base = base_name(name)
-    adapter = _ADAPTERS.get(base)
-    if adapter is not None:
-        adapted = adapter(target, args, kwargs)
-        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
-    return Canon(base, _planned_arguments(target, name, args, kwargs, method), inplace)
+    return _Spelling(name, base, is_inplace_name(name), _ADAPTERS.get(base))
 
 
 @dataclass(frozen=True)
@@ -458,7 +490,9 @@ class _Slot:
     key: int | str
 
 
-_PLANS: dict[tuple, tuple | None] = {}
+#: how a plan fills one canonical argument: from a position, from a keyword, a constant
+_ARG, _KEYWORD, _CONSTANT = 0, 1, 2
+_PLANS: dict[tuple, tuple[tuple[int, Any], ...] | None] = {}
 
 
 def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> tuple:
@@ -472,14 +506,22 @@ def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method
     except TypeError:  # an unhashable target
         return tuple(_arguments(target, name, args, kwargs, method))
     except KeyError:
-        slots = _arguments(target, name, tuple(_Slot(i) for i in range(len(args))),
-                           {k: _Slot(k) for k in kwargs}, method)
-        flat = all(type(v) is _Slot or not _holds_slot(v) for v in slots)
-        plan = _PLANS[key] = tuple(slots) if flat else None
+        plan = _PLANS[key] = _plan(target, name, len(args), tuple(kwargs), method)
     if plan is None:
         return tuple(_arguments(target, name, args, kwargs, method))
-    return tuple((args[v.key] if type(v.key) is int else kwargs[v.key]) if type(v) is _Slot else v
-                 for v in plan)
+    return tuple([args[v] if how == _ARG else kwargs[v] if how == _KEYWORD else v for how, v in plan])
+
+
+def _plan(target: Any, name: str, n_args: int, keywords: tuple[str, ...],
+          method: bool) -> tuple[tuple[int, Any], ...] | None:
+    """(how, what) per canonical argument of a call with this layout, None when the binding
+    nests arguments in containers (then it cannot be filled in by position)."""
+    slots = _arguments(target, name, tuple(_Slot(i) for i in range(n_args)),
+                       {k: _Slot(k) for k in keywords}, method)
+    if not all(type(v) is _Slot or not _holds_slot(v) for v in slots):
+        return None
+    return tuple(((_ARG if type(v.key) is int else _KEYWORD), v.key) if type(v) is _Slot else (_CONSTANT, v)
+                 for v in slots)
 
 
 def _holds_slot(value: Any) -> bool:
