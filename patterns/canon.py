@@ -596,27 +596,36 @@ def canonicalize(node: fx.Node) -> Canon | None:
 
 def quick_op(node: fx.Node) -> str | None:
     """The canonical op name of ``node`` without binding its arguments: the cheap key the
-    matcher indexes anchors by (the full canonical form is computed only for candidates)."""
-    if node.op == "call_module" or node.op == "call_function" and (
-            _spans(node.target) or isinstance(node.target, CalledModule)):
-        canon = canonicalize(node)
-        return None if canon is None else canon.op
+    matcher indexes anchors by (the full canonical form is computed only for candidates,
+    and for the few spellings whose op depends on more than the target)."""
+    if node.op == "call_module":
+        return _form_op(node)
     if node.op not in ("call_function", "call_method"):
         return None
     key = (node.target, node.op == "call_method")
     try:
-        return _QUICK[key]
+        op = _QUICK[key]
     except KeyError:
-        found = _QUICK[key] = _op_of(*key)
-        return found
+        op = _QUICK[key] = _op_of(*key)
     except TypeError:  # an unhashable target
-        return _op_of(*key)
+        op = _op_of(*key)
+    return _form_op(node) if op is _BY_FORM else op
 
 
-_QUICK: dict[tuple[Any, bool], str | None] = {}
+def _form_op(node: fx.Node) -> str | None:
+    canon = canonicalize(node)
+    return None if canon is None else canon.op
 
 
-def _op_of(target: Any, method: bool) -> str | None:
+#: the op is read off the node's canonical form (spellings spanning two nodes, modules)
+_BY_FORM = object()
+#: (target, is a method) -> op name, None or _BY_FORM
+_QUICK: dict[tuple[Any, bool], Any] = {}
+
+
+def _op_of(target: Any, method: bool) -> Any:
+    if not method and (_spans(target) or isinstance(target, CalledModule)):
+        return _BY_FORM
     name = op_name(target, method=method)
     if name is None:
         return None

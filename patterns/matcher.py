@@ -29,7 +29,6 @@ Every failure is phrased for :func:`fxopt.patterns.explain`.
 from __future__ import annotations
 
 import bisect
-import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -74,16 +73,17 @@ class Match:
     insert_at: fx.Node | None = None
     #: what replaces it (set once the match is accepted)
     replacement: Any = None
+    #: the matched computation (what the rewrite removes), without the ``get_attr`` nodes
+    #: a pattern's attributes matched; every check and the rewrite read it
+    body: list[fx.Node] = field(init=False)
+
+    def __post_init__(self) -> None:
+        canon = self.pattern.canon
+        self.body = [g for p, g in self.nodes.items() if p in canon]
 
     @property
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
-
-    @functools.cached_property
-    def body(self) -> list[fx.Node]:
-        """The matched computation (what the rewrite removes), without the ``get_attr``
-        nodes a pattern's attributes matched."""
-        return [g for p, g in self.nodes.items() if p in self.pattern.canon]
 
     @property
     def outputs(self) -> list[fx.Node]:

@@ -270,9 +270,8 @@ class _Writer:
             for user in old.users:
                 self.cache.pop(user, None)
             old.replace_all_uses_with(new)
-        new_of = dict(zip(m.pattern.outputs, new_outputs))
-        for p, out in m.pattern.meta_twins.items():  # metadata reads of removed nodes
-            m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in m.nodes.values())
+        if m.pattern.meta_twins:
+            _reroute_metadata_reads(m, new_outputs)
         self._erase(m)
         if self.records is not None:
             self.records.append(Rewrite(r.name, m, created))
@@ -353,6 +352,18 @@ class _Writer:
         for target in candidates - used:
             if not any(u.startswith(target + ".") for u in used):
                 _del_attr(self.gm, target)
+
+
+def _reroute_metadata_reads(m: Match, new_outputs: list[Any]) -> None:
+    """Point the metadata reads of removed interior nodes (the only outside users the
+    checks let them keep) at the new output with the same metadata; nodes whose users
+    are all matched (the usual case) are left alone."""
+    matched = set(m.nodes.values())
+    new_of = dict(zip(m.pattern.outputs, new_outputs))
+    for p, out in m.pattern.meta_twins.items():
+        node = m.nodes[p]
+        if not node.users.keys() <= matched:
+            node.replace_all_uses_with(new_of[out], lambda user: user not in matched)
 
 
 def _free_name(gm: nn.Module, target: str) -> str:
