@@ -10,7 +10,6 @@ an already-rewritten node inherits that node's origins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import chain
 
 import torch.fx as fx
 
@@ -25,8 +24,9 @@ def origins(node: fx.Node) -> list[str]:
 def record_replacement(new: fx.Node, replaced: Iterable[fx.Node], pass_name: str | None = None) -> None:
     """Record that ``new`` replaces the nodes in ``replaced`` (and what they replaced):
     every origin once, in first-seen order (a dict, so long histories stay linear)."""
-    names = chain(new.meta.get(PROVENANCE_KEY, ()),
-                  *(old.meta.get(PROVENANCE_KEY, (old.name,)) for old in replaced))
+    names = [*new.meta.get(PROVENANCE_KEY, ())]
+    for old in replaced:
+        names += old.meta.get(PROVENANCE_KEY, (old.name,))
     new.meta[PROVENANCE_KEY] = list(dict.fromkeys(names))
     if pass_name is not None:
         new.meta["fxopt.created_by"] = pass_name

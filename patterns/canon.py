@@ -563,21 +563,24 @@ def _aten_linear(node: fx.Node) -> Canon | None:
     return Canon("linear", (x, weight, bias), False, (wt,))
 
 
+def _spanning_form(node: fx.Node) -> Canon | None:
+    """The op a node spells together with its input: ``linear`` from make_fx's
+    ``addmm(b, x, t(w))``, ``batch_norm`` from ``getitem(native_batch_norm(...), 0)``."""
+    if node.target is not operator.getitem:
+        return _aten_linear(node)
+    if node.args[1:] != (0,) or not isinstance(node.args[0], fx.Node):
+        return None
+    source = node.args[0]
+    adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
+    result = None if adapter is None else adapter(tuple(source.args), dict(source.kwargs))
+    return None if result is None else Canon(result[0], tuple(result[1]), False, (source,))
+
+
 def canonicalize(node: fx.Node) -> Canon | None:
     """The canonical form of ``node``; None for placeholders, outputs and get_attr."""
-    if node.op == "call_function" and node.target in (aten.addmm.default, aten.mm.default):
-        linear = _aten_linear(node)
-        if linear is not None:
-            return linear
     if node.op == "call_function":
-        if node.target is operator.getitem and node.args[1:] == (0,) and isinstance(node.args[0], fx.Node):
-            source = node.args[0]
-            adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
-            if adapter is not None:
-                result = adapter(tuple(source.args), dict(source.kwargs))
-                if result is not None:
-                    return Canon(result[0], tuple(result[1]), False, (source,))
-        return canonicalize_call(node.target, node.args, node.kwargs)
+        spanning = _spanning_form(node) if _spans(node.target) else None
+        return spanning or canonicalize_call(node.target, node.args, node.kwargs)
     if node.op == "call_method":
         return canonicalize_call(node.target, node.args, node.kwargs, method=True)
     if node.op == "call_module":

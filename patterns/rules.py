@@ -230,9 +230,13 @@ class _Writer:
         self.added: set[str] = set()  # attributes copied in from replacements
         self.released: set[str] = set()  # targets of erased get_attr / call_module nodes
         self.sweep = SweepState({})
+        #: whether a node may carry ``meta['val']``; while none does, new nodes need no
+        #: fake values and the rewrite skips computing them (set again by any that does)
+        self.carries_values = False
 
     def start_sweep(self, nodes: list[fx.Node]) -> None:
         self.sweep = SweepState({n: float(i) for i, n in enumerate(nodes)})
+        self.carries_values = any("val" in n.meta for n in nodes)
         self.cache.clear()
         self.erased.clear()
         self.getters.clear()
@@ -259,7 +263,9 @@ class _Writer:
                 created.append(new)
         outputs = fx.map_arg(rep.output, lookup)
         new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        propagate_meta(self.gm, created)
+        if self.carries_values or any("val" in n.meta for n in created):
+            propagate_meta(self.gm, created)
+            self.carries_values = True
         position = self.sweep.positions[at] - 0.5
         for new in created:
             self.sweep.positions[new] = position
@@ -356,14 +362,13 @@ class _Writer:
 
 def _reroute_metadata_reads(m: Match, new_outputs: list[Any]) -> None:
     """Point the metadata reads of removed interior nodes (the only outside users the
-    checks let them keep) at the new output with the same metadata; nodes whose users
-    are all matched (the usual case) are left alone."""
-    matched = set(m.nodes.values())
-    new_of = dict(zip(m.pattern.outputs, new_outputs))
+    checks let them keep) at the new output with the same metadata."""
+    matched = m.nodes.values()
     for p, out in m.pattern.meta_twins.items():
         node = m.nodes[p]
-        if not node.users.keys() <= matched:
-            node.replace_all_uses_with(new_of[out], lambda user: user not in matched)
+        if any(u not in matched for u in node.users):
+            new = new_outputs[m.pattern.outputs.index(out)]
+            node.replace_all_uses_with(new, lambda user: user not in matched)
 
 
 def _free_name(gm: nn.Module, target: str) -> str:
