@@ -73,6 +73,9 @@ class Match:
     insert_at: fx.Node | None = None
     #: what replaces it (set once the match is accepted)
     replacement: Any = None
+    #: an interior node has outside users that read only its metadata (found by the
+    #: checks; the rewrite points them at the output with the same metadata)
+    reads_metadata: bool = False
     #: the matched computation (what the rewrite removes), without the ``get_attr`` nodes
     #: a pattern's attributes matched; every check and the rewrite read it
     body: list[fx.Node] = field(init=False)
@@ -471,12 +474,13 @@ def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
         if g in outputs or p not in m.pattern.canon:
             continue
         for u in g.users:
-            if u in matched or (p in m.pattern.meta_twins and reads_only_metadata(u)
-                                and u.args[:1] == (g,) and positions.get(u, after) > after):
+            if u in matched:
                 continue
-            if u not in matched:
+            if not (p in m.pattern.meta_twins and reads_only_metadata(u)
+                    and u.args[:1] == (g,) and positions.get(u, after) > after):
                 return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
                         "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+            m.reads_metadata = True
     return None
 
 

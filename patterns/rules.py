@@ -276,7 +276,7 @@ class _Writer:
             for user in old.users:
                 self.cache.pop(user, None)
             old.replace_all_uses_with(new)
-        if m.pattern.meta_twins:
+        if m.reads_metadata:
             _reroute_metadata_reads(m, new_outputs)
         self._erase(m)
         if self.records is not None:
@@ -364,11 +364,9 @@ def _reroute_metadata_reads(m: Match, new_outputs: list[Any]) -> None:
     """Point the metadata reads of removed interior nodes (the only outside users the
     checks let them keep) at the new output with the same metadata."""
     matched = m.nodes.values()
+    new_of = dict(zip(m.pattern.outputs, new_outputs))
     for p, out in m.pattern.meta_twins.items():
-        node = m.nodes[p]
-        if any(u not in matched for u in node.users):
-            new = new_outputs[m.pattern.outputs.index(out)]
-            node.replace_all_uses_with(new, lambda user: user not in matched)
+        m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in matched)
 
 
 def _free_name(gm: nn.Module, target: str) -> str:
