@@ -263,7 +263,7 @@ class StructuralMatcher:
         if p in nodes:
             self.failure.note(depth, f"pattern node {p.name!r} is already {nodes[p].name!r}, not {g.name!r}")
             return None
-        if any(v is g for v in nodes.values()):
+        if g in nodes.values():  # nodes compare by identity
             self.failure.note(depth, f"node {g.name!r} is already matched to another pattern node")
             return None
         have = self.canon(g)
@@ -454,7 +454,7 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
         if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_move):
             why = ("an in-place write, collective, random or unknown op outside the match runs between "
                    "the matched nodes; the rewrite would move computation across it")
-    why = why or _outside_users(m, matched, outputs, positions) or _written_outside(m, matched, outputs, matcher)
+    why = why or _outside_users(m, matched, positions) or _written_outside(m, matched, outputs, matcher)
     if why:
         return why
     why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
@@ -464,15 +464,13 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     return _replacement_writes(m, matched, outputs, matcher)
 
 
-def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
-                   positions: dict[fx.Node, float]) -> str | None:
+def _outside_users(m: Match, matched: set[fx.Node], positions: dict[fx.Node, float]) -> str | None:
     """Interior nodes have no users outside the match, except reads of their metadata
     (``x.ndim``, ``x.shape[0]``) after the insertion point where an output has the same
     metadata (the rewrite points them at it)."""
     after = positions[m.insert_at]
-    for p, g in m.nodes.items():
-        if g in outputs or p not in m.pattern.canon:
-            continue
+    for p in m.pattern.interior:
+        g = m.nodes[p]
         for u in g.users:
             if u in matched:
                 continue
@@ -487,10 +485,10 @@ def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
 def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
                      matcher: StructuralMatcher) -> str | None:
     """A graph node that writes in place where the pattern does not must write invisibly."""
-    for p, g in m.nodes.items():
+    for p, want in m.pattern.canon.items():
+        g = m.nodes[p]
         form = matcher.cache.get(g)
-        want = m.pattern.canon.get(p)
-        if form is not None and want is not None and form.inplace and not want.inplace and \
+        if form is not None and form.inplace and not want.inplace and \
                 not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")
