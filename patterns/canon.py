@@ -438,49 +438,64 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     arguments are bound to the op's schema (or brought into form by an adapter)."""
     if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
         return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
-    spelling = _spelling(target, method)
-    if spelling is None:
-        return None
     args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
-    inplace = spelling.named_inplace or spelled_inplace(None if method else target, spelling.name, args, kwargs)
-    if spelling.adapter is not None:
-        adapted = spelling.adapter(target, args, kwargs)
+    plan = _call_plan(target, method, args, kwargs)
+    if plan is None:
+        return None
+    inplace = plan.named_inplace or spelled_inplace(None if method else target, plan.name, args, kwargs)
+    if plan.adapter is not None:
+        adapted = plan.adapter(target, args, kwargs)
         return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
-    return Canon(spelling.base, _planned_arguments(target, spelling.name, args, kwargs, method), inplace)
+    if plan.arguments is None:
+        bound = tuple(_arguments(target, plan.name, args, kwargs, method))
+    else:
+        bound = tuple([args[v] if how == _ARG else kwargs[v] if how == _KEYWORD else v
+                       for how, v in plan.arguments])
+    return Canon(plan.base, bound, inplace)
 
 
 @dataclass(frozen=True, slots=True)
-class _Spelling:
-    """What a call target says about its op, asked of the op-facts model once per target
-    (every node of a graph spelled ``torch.relu`` shares it): the op's name, its
-    out-of-place name, whether the name alone writes in place, the argument adapter."""
+class _CallPlan:
+    """How the calls of one target with one argument layout (how many positional
+    arguments, which keywords) read, worked out once: the op-facts model's name for the
+    op, its out-of-place name, whether the name alone writes in place, the argument
+    adapter, and where each canonical argument comes from (the binding depends only on
+    the layout, so it is worked out on placeholders, :class:`_Slot`, and filled in)."""
 
     name: str
     base: str
     named_inplace: bool
     adapter: Adapter | None
+    #: (how, what) per canonical argument; None: bound per call (an adapter's op, a
+    #: binding that nests arguments: ``*args`` functions, ops without a schema)
+    arguments: tuple[tuple[int, Any], ...] | None
 
 
-_SPELLINGS: dict[tuple[Any, bool], _Spelling | None] = {}
+#: how a plan fills one canonical argument: from a position, from a keyword, a constant
+_ARG, _KEYWORD, _CONSTANT = 0, 1, 2
+_CALL_PLANS: dict[tuple, _CallPlan | None] = {}
 
 
-def _spelling(target: Any, method: bool) -> _Spelling | None:
-    key = (target, method)
+def _call_plan(target: Any, method: bool, args: tuple, kwargs: dict) -> _CallPlan | None:
+    """The plan for this call's target and layout; None when the target is not an op."""
+    key = (target, method, len(args), *kwargs)
     try:
-        return _SPELLINGS[key]
+        return _CALL_PLANS[key]
     except KeyError:
-        found = _SPELLINGS[key] = _spelling_of(target, method)
+        found = _CALL_PLANS[key] = _make_plan(target, method, (len(args), tuple(kwargs)))
         return found
-    except TypeError:  # an unhashable target
-        return _spelling_of(target, method)
+    except TypeError:  # an unhashable target: bound per call
+        return _make_plan(target, method, None)
 
 
-def _spelling_of(target: Any, method: bool) -> _Spelling | None:
+def _make_plan(target: Any, method: bool, layout: tuple[int, tuple[str, ...]] | None) -> _CallPlan | None:
     name = op_name(target, method=method)
     if name is None:
         return None
     base = base_name(name)
-    return _Spelling(name, base, is_inplace_name(name), _ADAPTERS.get(base))
+    adapter = _ADAPTERS.get(base)
+    arguments = None if adapter is not None or layout is None else _argument_plan(target, name, *layout, method)
+    return _CallPlan(name, base, is_inplace_name(name), adapter, arguments)
 
 
 @dataclass(frozen=True)
@@ -490,30 +505,8 @@ class _Slot:
     key: int | str
 
 
-#: how a plan fills one canonical argument: from a position, from a keyword, a constant
-_ARG, _KEYWORD, _CONSTANT = 0, 1, 2
-_PLANS: dict[tuple, tuple[tuple[int, Any], ...] | None] = {}
-
-
-def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> tuple:
-    """:func:`_arguments`, through a plan made once per target and argument layout: the
-    binding depends only on how many arguments there are and which keywords, so it is
-    worked out on placeholders (:class:`_Slot`) and then filled in. Layouts whose binding
-    nests the arguments (``*args`` functions, ops without a schema) are bound every time."""
-    try:
-        key = (target, method, len(args), *kwargs)
-        plan = _PLANS[key]
-    except TypeError:  # an unhashable target
-        return tuple(_arguments(target, name, args, kwargs, method))
-    except KeyError:
-        plan = _PLANS[key] = _plan(target, name, len(args), tuple(kwargs), method)
-    if plan is None:
-        return tuple(_arguments(target, name, args, kwargs, method))
-    return tuple([args[v] if how == _ARG else kwargs[v] if how == _KEYWORD else v for how, v in plan])
-
-
-def _plan(target: Any, name: str, n_args: int, keywords: tuple[str, ...],
-          method: bool) -> tuple[tuple[int, Any], ...] | None:
+def _argument_plan(target: Any, name: str, n_args: int, keywords: tuple[str, ...],
+                   method: bool) -> tuple[tuple[int, Any], ...] | None:
     """(how, what) per canonical argument of a call with this layout, None when the binding
     nests arguments in containers (then it cannot be filled in by position)."""
     slots = _arguments(target, name, tuple(_Slot(i) for i in range(n_args)),

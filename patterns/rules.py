@@ -251,7 +251,9 @@ class _Writer:
         lookup = env.__getitem__
         with graph.inserting_before(at):
             for rn in rep.holes:
-                env[rn] = self._bound(m.bindings[rep.binding[rn]], at, created)
+                bound = m.bindings[rep.binding[rn]]
+                attribute = isinstance(bound, ParamRef) or isinstance(bound, fx.Node) and bound.op == "get_attr"
+                env[rn] = self._attribute_at(bound, at, created) if attribute else bound
             for rn in rep.body:
                 target = self._install(rep, rn.target) if rn.op in ("get_attr", "call_module") else rn.target
                 # plain tuple/dict: fx's immutable containers send create_node down a slow path
@@ -283,16 +285,14 @@ class _Writer:
             self.records.append(Rewrite(r.name, m, created))
         return created
 
-    def _bound(self, bound: Any, at: fx.Node, created: list[fx.Node]) -> Any:
-        """What a replacement argument stands for at ``at``: a module parameter, or an
-        attribute read later than ``at``, becomes a get_attr node there (one per sweep
-        and target while it stays early enough)."""
-        if isinstance(bound, fx.Node) and bound.op == "get_attr":
+    def _attribute_at(self, bound: fx.Node | ParamRef, at: fx.Node, created: list[fx.Node]) -> fx.Node:
+        """What a replacement argument bound to an attribute stands for at ``at``: a module
+        parameter, or an attribute read later than ``at``, becomes a get_attr node there
+        (one per sweep and target while it stays early enough)."""
+        if isinstance(bound, fx.Node):
             if self.sweep.positions.get(bound, 0.0) < self.sweep.positions[at]:
                 return bound
             bound = ParamRef(bound.target)
-        if not isinstance(bound, ParamRef):
-            return bound
         getter = self.getters.get(bound.target)
         if getter is None or self.sweep.positions[getter] >= self.sweep.positions[at]:
             getter = self.getters[bound.target] = self.gm.graph.get_attr(bound.target)
