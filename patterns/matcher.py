@@ -79,18 +79,17 @@ class Match:
     #: the matched computation (what the rewrite removes), without the ``get_attr`` nodes
     #: a pattern's attributes matched; every check and the rewrite read it
     body: list[fx.Node] = field(init=False)
+    #: the graph nodes the pattern's outputs matched, in the pattern's order
+    outputs: list[fx.Node] = field(init=False)
 
     def __post_init__(self) -> None:
-        canon = self.pattern.canon
-        self.body = [g for p, g in self.nodes.items() if p in canon]
+        canon, nodes = self.pattern.canon, self.nodes
+        self.body = [g for p, g in nodes.items() if p in canon]
+        self.outputs = [nodes[o] for o in self.pattern.outputs]
 
     @property
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
-
-    @property
-    def outputs(self) -> list[fx.Node]:
-        return [self.nodes[o] for o in self.pattern.outputs]
 
     def __getitem__(self, name: str) -> Any:
         return self.bindings[name]
@@ -282,6 +281,8 @@ class StructuralMatcher:
     def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterable[State]:
         """States matching ``have[i:]`` to ``want[i:]``: the leading holes, literals and
         wildcards bind on the spot; the first sub-pattern opens a branch."""
+        if i == len(want):  # the arguments after the last sub-pattern: none
+            return state,
         leaves = self._leaves(want, have, i, state, g)
         if leaves is None:
             return ()

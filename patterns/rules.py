@@ -335,7 +335,8 @@ class _Writer:
                     left.append(g)
                     continue
                 form = cache.pop(g, None)
-                self._attr_use(g)
+                if g.op in ("get_attr", "call_module"):  # its attribute may now be unused
+                    self.released.add(g.target)
                 graph.erase_node(g)
                 erased.add(g)
                 progress = True
@@ -343,10 +344,6 @@ class _Writer:
                     pending.append(extra)
                     pending.extend(dead_uses(extra, g) or ())
             pending = left
-
-    def _attr_use(self, node: fx.Node) -> None:
-        if node.op in ("get_attr", "call_module"):
-            self.released.add(node.target)
 
     def remove_dead_attributes(self) -> None:
         """Delete attributes a rewrite added, and submodules matched nodes called, that no
