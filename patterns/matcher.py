@@ -125,7 +125,13 @@ def _is_param(gm: fx.GraphModule, target: str) -> bool:
     return attr in gm.get_submodule(module)._parameters
 
 
+#: literal types compared by ``==`` alone (the usual literal: ``alpha=1``, ``dim=-1``)
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+
 def _literal_eq(p: Any, t: Any) -> bool:
+    if type(p) is type(t) and type(p) in _SCALARS:
+        return p == t
     if isinstance(t, (fx.Node, ParamRef)):
         return False
     if isinstance(p, (list, tuple)) and isinstance(t, (list, tuple)):

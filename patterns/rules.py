@@ -249,6 +249,7 @@ class _Writer:
         env: dict[fx.Node, Any] = {}
         created: list[fx.Node] = []
         lookup = env.__getitem__
+        annotated = False
         with graph.inserting_before(at):
             for rn in rep.holes:
                 bound = m.bindings[rep.binding[rn]]
@@ -262,10 +263,11 @@ class _Writer:
                 new = env[rn] = graph.create_node(rn.op, target, args, kwargs, rn.name)
                 if "val" in rn.meta:  # annotated on a replacement graph: kept if still valid
                     new.meta["val"] = rn.meta["val"]
+                    annotated = True
                 created.append(new)
         outputs = fx.map_arg(rep.output, lookup)
         new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        if self.carries_values or any("val" in n.meta for n in created):
+        if self.carries_values or annotated:
             propagate_meta(self.gm, created)
             self.carries_values = True
         position = self.sweep.positions[at] - 0.5
