@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
 
-@dataclass
+@dataclass(slots=True)
 class Match:
     """One occurrence of a rule's pattern: matched nodes and argument bindings.
 
