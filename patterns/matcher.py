@@ -158,7 +158,7 @@ def _describe(value: Any) -> str:
     return f"literal {value!r}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Failure:
     """Why a candidate did not match: the deepest point the matcher reached."""
 
