@@ -22,12 +22,11 @@ def origins(node: fx.Node) -> list[str]:
 
 
 def record_replacement(new: fx.Node, replaced: Iterable[fx.Node], pass_name: str | None = None) -> None:
-    """Record that ``new`` replaces the nodes in ``replaced`` (and what they replaced)."""
-    names: list[str] = list(new.meta.get(PROVENANCE_KEY, []))
+    """Record that ``new`` replaces the nodes in ``replaced`` (and what they replaced):
+    every origin once, in first-seen order (a dict, so long histories stay linear)."""
+    names = [*new.meta.get(PROVENANCE_KEY, ())]
     for old in replaced:
-        for name in origins(old):
-            if name not in names:
-                names.append(name)
-    new.meta[PROVENANCE_KEY] = names
+        names += old.meta.get(PROVENANCE_KEY, (old.name,))
+    new.meta[PROVENANCE_KEY] = list(dict.fromkeys(names))
     if pass_name is not None:
         new.meta["fxopt.created_by"] = pass_name

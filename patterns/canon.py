@@ -438,17 +438,64 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     arguments are bound to the op's schema (or brought into form by an adapter)."""
     if isinstance(target, CalledModule):  # a parameter-free module called inside a pattern
         return canonicalize_module(target.module, None, tuple(args), dict(kwargs))
+    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
+    plan = _call_plan(target, method, args, kwargs)
+    if plan is None:
+        return None
+    inplace = plan.named_inplace or spelled_inplace(None if method else target, plan.name, args, kwargs)
+    if plan.adapter is not None:
+        adapted = plan.adapter(target, args, kwargs)
+        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
+    if plan.arguments is None:
+        bound = tuple(_arguments(target, plan.name, args, kwargs, method))
+    else:
+        bound = tuple([args[v] if how == _ARG else kwargs[v] if how == _KEYWORD else v
+                       for how, v in plan.arguments])
+    return Canon(plan.base, bound, inplace)
+
+
+@dataclass(frozen=True, slots=True)
+class _CallPlan:
+    """How the calls of one target with one argument layout (how many positional
+    arguments, which keywords) read, worked out once: the op-facts model's name for the
+    op, its out-of-place name, whether the name alone writes in place, the argument
+    adapter, and where each canonical argument comes from (the binding depends only on
+    the layout, so it is worked out on placeholders, :class:`_Slot`, and filled in)."""
+
+    name: str
+    base: str
+    named_inplace: bool
+    adapter: Adapter | None
+    #: (how, what) per canonical argument; None: bound per call (an adapter's op, a
+    #: binding that nests arguments: ``*args`` functions, ops without a schema)
+    arguments: tuple[tuple[int, Any], ...] | None
+
+
+#: how a plan fills one canonical argument: from a position, from a keyword, a constant
+_ARG, _KEYWORD, _CONSTANT = 0, 1, 2
+_CALL_PLANS: dict[tuple, _CallPlan | None] = {}
+
+
+def _call_plan(target: Any, method: bool, args: tuple, kwargs: dict) -> _CallPlan | None:
+    """The plan for this call's target and layout; None when the target is not an op."""
+    key = (target, method, len(args), *kwargs)
+    try:
+        return _CALL_PLANS[key]
+    except KeyError:
+        found = _CALL_PLANS[key] = _make_plan(target, method, (len(args), tuple(kwargs)))
+        return found
+    except TypeError:  # an unhashable target: bound per call
+        return _make_plan(target, method, None)
+
+
+def _make_plan(target: Any, method: bool, layout: tuple[int, tuple[str, ...]] | None) -> _CallPlan | None:
     name = op_name(target, method=method)
     if name is None:
         return None
-    args, kwargs = tuple(args), dict(kwargs) if kwargs else {}
-    inplace = spelled_inplace(None if method else target, name, args, kwargs)
     base = base_name(name)
     adapter = _ADAPTERS.get(base)
-    if adapter is not None:
-        adapted = adapter(target, args, kwargs)
-        return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
-    return Canon(base, _planned_arguments(target, name, args, kwargs, method), inplace)
+    arguments = None if adapter is not None or layout is None else _argument_plan(target, name, *layout, method)
+    return _CallPlan(name, base, is_inplace_name(name), adapter, arguments)
 
 
 @dataclass(frozen=True)
@@ -458,28 +505,16 @@ class _Slot:
     key: int | str
 
 
-_PLANS: dict[tuple, tuple | None] = {}
-
-
-def _planned_arguments(target: Any, name: str, args: tuple, kwargs: dict, method: bool) -> tuple:
-    """:func:`_arguments`, through a plan made once per target and argument layout: the
-    binding depends only on how many arguments there are and which keywords, so it is
-    worked out on placeholders (:class:`_Slot`) and then filled in. Layouts whose binding
-    nests the arguments (``*args`` functions, ops without a schema) are bound every time."""
-    try:
-        key = (target, method, len(args), *kwargs)
-        plan = _PLANS[key]
-    except TypeError:  # an unhashable target
-        return tuple(_arguments(target, name, args, kwargs, method))
-    except KeyError:
-        slots = _arguments(target, name, tuple(_Slot(i) for i in range(len(args))),
-                           {k: _Slot(k) for k in kwargs}, method)
-        flat = all(type(v) is _Slot or not _holds_slot(v) for v in slots)
-        plan = _PLANS[key] = tuple(slots) if flat else None
-    if plan is None:
-        return tuple(_arguments(target, name, args, kwargs, method))
-    return tuple((args[v.key] if type(v.key) is int else kwargs[v.key]) if type(v) is _Slot else v
-                 for v in plan)
+def _argument_plan(target: Any, name: str, n_args: int, keywords: tuple[str, ...],
+                   method: bool) -> tuple[tuple[int, Any], ...] | None:
+    """(how, what) per canonical argument of a call with this layout, None when the binding
+    nests arguments in containers (then it cannot be filled in by position)."""
+    slots = _arguments(target, name, tuple(_Slot(i) for i in range(n_args)),
+                       {k: _Slot(k) for k in keywords}, method)
+    if not all(type(v) is _Slot or not _holds_slot(v) for v in slots):
+        return None
+    return tuple(((_ARG if type(v.key) is int else _KEYWORD), v.key) if type(v) is _Slot else (_CONSTANT, v)
+                 for v in slots)
 
 
 def _holds_slot(value: Any) -> bool:
@@ -521,21 +556,24 @@ def _aten_linear(node: fx.Node) -> Canon | None:
     return Canon("linear", (x, weight, bias), False, (wt,))
 
 
+def _spanning_form(node: fx.Node) -> Canon | None:
+    """The op a node spells together with its input: ``linear`` from make_fx's
+    ``addmm(b, x, t(w))``, ``batch_norm`` from ``getitem(native_batch_norm(...), 0)``."""
+    if node.target is not operator.getitem:
+        return _aten_linear(node)
+    if node.args[1:] != (0,) or not isinstance(node.args[0], fx.Node):
+        return None
+    source = node.args[0]
+    adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
+    result = None if adapter is None else adapter(tuple(source.args), dict(source.kwargs))
+    return None if result is None else Canon(result[0], tuple(result[1]), False, (source,))
+
+
 def canonicalize(node: fx.Node) -> Canon | None:
     """The canonical form of ``node``; None for placeholders, outputs and get_attr."""
-    if node.op == "call_function" and node.target in (aten.addmm.default, aten.mm.default):
-        linear = _aten_linear(node)
-        if linear is not None:
-            return linear
     if node.op == "call_function":
-        if node.target is operator.getitem and node.args[1:] == (0,) and isinstance(node.args[0], fx.Node):
-            source = node.args[0]
-            adapter = _TUPLE_OPS.get(op_name(source.target) or "") if source.op == "call_function" else None
-            if adapter is not None:
-                result = adapter(tuple(source.args), dict(source.kwargs))
-                if result is not None:
-                    return Canon(result[0], tuple(result[1]), False, (source,))
-        return canonicalize_call(node.target, node.args, node.kwargs)
+        spanning = _spanning_form(node) if _spans(node.target) else None
+        return spanning or canonicalize_call(node.target, node.args, node.kwargs)
     if node.op == "call_method":
         return canonicalize_call(node.target, node.args, node.kwargs, method=True)
     if node.op == "call_module":
@@ -554,27 +592,36 @@ def canonicalize(node: fx.Node) -> Canon | None:
 
 def quick_op(node: fx.Node) -> str | None:
     """The canonical op name of ``node`` without binding its arguments: the cheap key the
-    matcher indexes anchors by (the full canonical form is computed only for candidates)."""
-    if node.op == "call_module" or node.op == "call_function" and (
-            _spans(node.target) or isinstance(node.target, CalledModule)):
-        canon = canonicalize(node)
-        return None if canon is None else canon.op
+    matcher indexes anchors by (the full canonical form is computed only for candidates,
+    and for the few spellings whose op depends on more than the target)."""
+    if node.op == "call_module":
+        return _form_op(node)
     if node.op not in ("call_function", "call_method"):
         return None
     key = (node.target, node.op == "call_method")
     try:
-        return _QUICK[key]
+        op = _QUICK[key]
     except KeyError:
-        found = _QUICK[key] = _op_of(*key)
-        return found
+        op = _QUICK[key] = _op_of(*key)
     except TypeError:  # an unhashable target
-        return _op_of(*key)
+        op = _op_of(*key)
+    return _form_op(node) if op is _BY_FORM else op
 
 
-_QUICK: dict[tuple[Any, bool], str | None] = {}
+def _form_op(node: fx.Node) -> str | None:
+    canon = canonicalize(node)
+    return None if canon is None else canon.op
 
 
-def _op_of(target: Any, method: bool) -> str | None:
+#: the op is read off the node's canonical form (spellings spanning two nodes, modules)
+_BY_FORM = object()
+#: (target, is a method) -> op name, None or _BY_FORM
+_QUICK: dict[tuple[Any, bool], Any] = {}
+
+
+def _op_of(target: Any, method: bool) -> Any:
+    if not method and (_spans(target) or isinstance(target, CalledModule)):
+        return _BY_FORM
     name = op_name(target, method=method)
     if name is None:
         return None

@@ -29,8 +29,7 @@ Every failure is phrased for :func:`fxopt.patterns.explain`.
 from __future__ import annotations
 
 import bisect
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +55,7 @@ if TYPE_CHECKING:
 
 State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
 
-@dataclass
+@dataclass(slots=True)
 class Match:
     """One occurrence of a rule's pattern: matched nodes and argument bindings.
 
@@ -74,20 +73,23 @@ class Match:
     insert_at: fx.Node | None = None
     #: what replaces it (set once the match is accepted)
     replacement: Any = None
+    #: an interior node has outside users that read only its metadata (found by the
+    #: checks; the rewrite points them at the output with the same metadata)
+    reads_metadata: bool = False
+    #: the matched computation (what the rewrite removes), without the ``get_attr`` nodes
+    #: a pattern's attributes matched; every check and the rewrite read it
+    body: list[fx.Node] = field(init=False)
+    #: the graph nodes the pattern's outputs matched, in the pattern's order
+    outputs: list[fx.Node] = field(init=False)
+
+    def __post_init__(self) -> None:
+        canon, nodes = self.pattern.canon, self.nodes
+        self.body = [g for p, g in nodes.items() if p in canon]
+        self.outputs = [nodes[o] for o in self.pattern.outputs]
 
     @property
     def anchor(self) -> fx.Node:
         return self.nodes[self.pattern.anchor]
-
-    @functools.cached_property
-    def body(self) -> list[fx.Node]:
-        """The matched computation (what the rewrite removes), without the ``get_attr``
-        nodes a pattern's attributes matched."""
-        return [g for p, g in self.nodes.items() if p in self.pattern.canon]
-
-    @property
-    def outputs(self) -> list[fx.Node]:
-        return [self.nodes[o] for o in self.pattern.outputs]
 
     def __getitem__(self, name: str) -> Any:
         return self.bindings[name]
@@ -123,7 +125,13 @@ def _is_param(gm: fx.GraphModule, target: str) -> bool:
     return attr in gm.get_submodule(module)._parameters
 
 
+#: literal types compared by ``==`` alone (the usual literal: ``alpha=1``, ``dim=-1``)
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+
 def _literal_eq(p: Any, t: Any) -> bool:
+    if type(p) is type(t) and type(p) in _SCALARS:
+        return p == t
     if isinstance(t, (fx.Node, ParamRef)):
         return False
     if isinstance(p, (list, tuple)) and isinstance(t, (list, tuple)):
@@ -150,7 +158,7 @@ def _describe(value: Any) -> str:
     return f"literal {value!r}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Failure:
     """Why a candidate did not match: the deepest point the matcher reached."""
 
@@ -164,11 +172,23 @@ class Failure:
 
 @dataclass
 class StructuralMatcher:
-    """Backtracking matcher over canonical forms, with a per-sweep canonical-form cache."""
+    """Backtracking matcher over canonical forms, with a per-sweep canonical-form cache.
+
+    A step of the search returns the states it leads to: a tuple (none or one) where the
+    step is decided on the spot (a hole, a literal, an attribute), a generator only where
+    alternatives remain open (the operand orders of a commutative op, a sub-pattern
+    inside an argument list), so a match costs a generator per branch point, not per node.
+    """
 
     pattern: CompiledPattern
     cache: dict[fx.Node, Canon | None]
     failure: Failure = field(default_factory=Failure)
+    #: pattern nodes whose op may take its first two operands in either order
+    commutative: frozenset[fx.Node] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.commutative = frozenset(p for p, form in self.pattern.canon.items()
+                                     if is_commutative(form.op) and len(form.args) >= 2)
 
     def canon(self, node: fx.Node) -> Canon | None:
         try:
@@ -182,9 +202,9 @@ class StructuralMatcher:
         states = self._node(self.pattern.anchor, anchor, ({}, {}))
         for output, known in self.pattern.extras:
             states = self._extra(output, known, states)
-        return next(states, None)
+        return next(iter(states), None)
 
-    def _extra(self, output: fx.Node, known: fx.Node, states: Iterator[State]) -> Iterator[State]:
+    def _extra(self, output: fx.Node, known: fx.Node, states: Iterable[State]) -> Iterator[State]:
         """Extend each state with a match of ``output``, searched among the users of
         what its input ``known`` matched."""
         for nodes, binds in states:
@@ -199,100 +219,120 @@ class StructuralMatcher:
             for user in list(image.users):
                 yield from self._node(output, user, (nodes, binds))
 
-    def _node(self, p: fx.Node, g: Any, state: State) -> Iterator[State]:
-        nodes, binds = state
+    def _node(self, p: fx.Node, g: Any, state: State) -> Iterable[State]:
         if p.op == "placeholder":
-            name = p.target
-            if name in binds and not _same(binds[name], g):
-                self.failure.note(len(nodes), f"argument {name!r} is bound to {_describe(binds[name])} "
-                                              f"but here it would be {_describe(g)}")
-                return
-            yield nodes, {**binds, name: g}
-            return
+            return self._hole(p.target, g, state)
         if p.op == "get_attr":  # a pattern module's tensor attribute: any attribute
             if isinstance(g, fx.Node) and g.op == "get_attr":
-                yield {**nodes, p: g}, binds
-            else:
-                self.failure.note(len(nodes), f"pattern attribute {p.target!r} met {_describe(g)}")
-            return
-        want = self.pattern.canon[p]
+                return ({**state[0], p: g}, state[1]),
+            self.failure.note(len(state[0]), f"pattern attribute {p.target!r} met {_describe(g)}")
+            return ()
+        return self._call(p, g, state)
+
+    def _hole(self, name: str, g: Any, state: State) -> tuple[State, ...]:
+        nodes, binds = state
+        if name not in binds:
+            return (nodes, {**binds, name: g}),
+        if _same(binds[name], g):
+            return state,
+        self.failure.note(len(nodes), f"argument {name!r} is bound to {_describe(binds[name])} "
+                                      f"but here it would be {_describe(g)}")
+        return ()
+
+    def _call(self, p: fx.Node, g: Any, state: State) -> Iterable[State]:
+        """Pattern op node ``p`` at graph node ``g``: same canonical op, then its arguments
+        (both operand orders for a commutative op, the given order first)."""
+        nodes, binds = state
+        if isinstance(g, fx.Node) and nodes.get(p) is g:
+            return state,
+        have = self._form_at(p, g, nodes)
+        if have is None:
+            return ()
+        want = self.pattern.canon[p].args
+        state = {**nodes, p: g}, binds
+        if p in self.commutative:
+            return self._orders(want, have.args, state, g)
+        return self._args(want, have.args, 0, state, g)
+
+    def _orders(self, want: tuple, have: tuple, state: State, g: fx.Node) -> Iterator[State]:
+        yield from self._args(want, have, 0, state, g)
+        yield from self._args(want, (have[1], have[0], *have[2:]), 0, state, g)
+
+    def _form_at(self, p: fx.Node, g: Any, nodes: dict[fx.Node, fx.Node]) -> Canon | None:
+        """``g``'s canonical form if it can stand for pattern node ``p`` (same op, same
+        number of arguments, in place where the pattern is); else None, failure noted."""
+        want, depth = self.pattern.canon[p], len(nodes)
         if not isinstance(g, fx.Node):
-            self.failure.note(len(nodes), f"pattern node {p.name!r} ({want.op}) met {_describe(g)}")
-            return
+            self.failure.note(depth, f"pattern node {p.name!r} ({want.op}) met {_describe(g)}")
+            return None
         if p in nodes:
-            if nodes[p] is g:
-                yield state
-            else:
-                self.failure.note(len(nodes), f"pattern node {p.name!r} is already {nodes[p].name!r}, not {g.name!r}")
-            return
-        if any(v is g for v in nodes.values()):
-            self.failure.note(len(nodes), f"node {g.name!r} is already matched to another pattern node")
-            return
+            self.failure.note(depth, f"pattern node {p.name!r} is already {nodes[p].name!r}, not {g.name!r}")
+            return None
+        if g in nodes.values():  # nodes compare by identity
+            self.failure.note(depth, f"node {g.name!r} is already matched to another pattern node")
+            return None
         have = self.canon(g)
         if have is None or have.op != want.op:
-            self.failure.note(len(nodes), f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
-                                          f"`{have.op if have else g.op + ' ' + str(g.target)}`")
-            return
+            self.failure.note(depth, f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
+                                     f"`{have.op if have else g.op + ' ' + str(g.target)}`")
+            return None
         if want.inplace and not have.inplace:
-            self.failure.note(len(nodes), f"pattern node {p.name!r} writes in place, node {g.name!r} "
-                                          "does not")
-            return
+            self.failure.note(depth, f"pattern node {p.name!r} writes in place, node {g.name!r} does not")
+            return None
         if len(have.args) != len(want.args):
-            self.failure.note(len(nodes), f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
-            return
-        nodes = {**nodes, p: g}
-        orders = [have.args]
-        if is_commutative(want.op) and len(have.args) >= 2:
-            orders.append((have.args[1], have.args[0], *have.args[2:]))
-        for args in orders:
-            yield from self._args(want.args, args, 0, (nodes, binds), g)
+            self.failure.note(depth, f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
+            return None
+        return have
 
-    def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
+    def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterable[State]:
+        """States matching ``have[i:]`` to ``want[i:]``: the leading holes, literals and
+        wildcards bind on the spot; the first sub-pattern opens a branch."""
+        if i == len(want):  # the arguments after the last sub-pattern: none
+            return state,
+        leaves = self._leaves(want, have, i, state, g)
+        if leaves is None:
+            return ()
+        i, state = leaves
+        if i == len(want):
+            return state,
+        return self._branch(want, have, i, state, g)
+
+    def _branch(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
+        for next_state in self._arg(want[i], have[i], state, g, i):
+            yield from self._args(want, have, i + 1, next_state, g)
+
+    def _leaves(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> tuple[int, State] | None:
+        """Bind ``want[i:]`` up to its first sub-pattern (an op node or a list holding
+        one): (where that is, the state), or None when a literal or a binding disagrees."""
         nodes, binds = state
-        # holes, literals and wildcards bind deterministically: a loop, not a generator each
         while i < len(want):
             p, t = want[i], have[i]
             if isinstance(p, fx.Node):
                 if p.op != "placeholder":
                     break
-                if p.target in binds:
-                    if not _same(binds[p.target], t):
-                        self.failure.note(len(nodes), f"argument {p.target!r} is bound to "
-                                                      f"{_describe(binds[p.target])} but here it would be {_describe(t)}")
-                        return
-                else:
+                if p.target not in binds:
                     binds = {**binds, p.target: t}
+                elif not _same(binds[p.target], t):
+                    self.failure.note(len(nodes), f"argument {p.target!r} is bound to "
+                                                  f"{_describe(binds[p.target])} but here it would be {_describe(t)}")
+                    return None
             elif isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
                 break
             elif p is not ANY and not _literal_eq(p, t):
                 self.failure.note(len(nodes), f"node {g.name!r} argument {i}: pattern literal {p!r} "
                                               f"does not match {_describe(t)}")
-                return
+                return None
             i += 1
-        if i == len(want):
-            yield nodes, binds
-            return
-        p = want[i]
-        inner = (self._node(p, have[i], (nodes, binds)) if isinstance(p, fx.Node)
-                 else self._arg(p, have[i], (nodes, binds), g, i))
-        for next_state in inner:
-            yield from self._args(want, have, i + 1, next_state, g)
+        return i, (nodes, binds)
 
-    def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterator[State]:
+    def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterable[State]:
+        """A sub-pattern argument: a pattern node, or a list holding pattern nodes."""
         if isinstance(p, fx.Node):
-            yield from self._node(p, t, state)
-        elif p is ANY:
-            yield state
-        elif isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
-            if isinstance(t, (list, tuple)) and len(t) == len(p):
-                yield from self._args(tuple(p), tuple(t), 0, state, g)
-            else:
-                self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: expected a list of {len(p)}, got {t!r}")
-        elif _literal_eq(p, t):
-            yield state
-        else:
-            self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: pattern literal {p!r} "
-                                             f"does not match {_describe(t)}")
+            return self._node(p, t, state)
+        if isinstance(t, (list, tuple)) and len(t) == len(p):
+            return self._args(tuple(p), tuple(t), 0, state, g)
+        self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: expected a list of {len(p)}, got {t!r}")
+        return ()
 
 
 # --- soundness ------------------------------------------------------------------------
@@ -421,7 +461,7 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
         if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_move):
             why = ("an in-place write, collective, random or unknown op outside the match runs between "
                    "the matched nodes; the rewrite would move computation across it")
-    why = why or _outside_users(m, matched, outputs, positions) or _written_outside(m, matched, outputs, matcher)
+    why = why or _outside_users(m, matched, positions) or _written_outside(m, matched, outputs, matcher)
     if why:
         return why
     why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
@@ -431,32 +471,31 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
     return _replacement_writes(m, matched, outputs, matcher)
 
 
-def _outside_users(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
-                   positions: dict[fx.Node, float]) -> str | None:
+def _outside_users(m: Match, matched: set[fx.Node], positions: dict[fx.Node, float]) -> str | None:
     """Interior nodes have no users outside the match, except reads of their metadata
     (``x.ndim``, ``x.shape[0]``) after the insertion point where an output has the same
     metadata (the rewrite points them at it)."""
     after = positions[m.insert_at]
-    for p, g in m.nodes.items():
-        if g in outputs or p not in m.pattern.canon:
-            continue
+    for p in m.pattern.interior:
+        g = m.nodes[p]
         for u in g.users:
-            if u in matched or (p in m.pattern.meta_twins and reads_only_metadata(u)
-                                and u.args[:1] == (g,) and positions.get(u, after) > after):
+            if u in matched:
                 continue
-            if u not in matched:
+            if not (p in m.pattern.meta_twins and reads_only_metadata(u)
+                    and u.args[:1] == (g,) and positions.get(u, after) > after):
                 return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
                         "match; the rewrite would have to keep it (return it from the pattern to allow that)")
+            m.reads_metadata = True
     return None
 
 
 def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
                      matcher: StructuralMatcher) -> str | None:
     """A graph node that writes in place where the pattern does not must write invisibly."""
-    for p, g in m.nodes.items():
+    for p, want in m.pattern.canon.items():
+        g = m.nodes[p]
         form = matcher.cache.get(g)
-        want = m.pattern.canon.get(p)
-        if form is not None and want is not None and form.inplace and not want.inplace and \
+        if form is not None and form.inplace and not want.inplace and \
                 not _write_is_invisible(form.args[0], matched, outputs, matcher):
             return (f"node {g.name!r} writes in place into {_describe(form.args[0])}, which is visible "
                     "outside the match; replacing it with an out-of-place computation would change the program")

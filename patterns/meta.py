@@ -151,11 +151,11 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node, copy: _Copier, invalid: set[fx.
 
 def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
     """Give the ``created`` nodes (in graph order) ``meta['val']`` / ``tensor_meta``;
-    cheap when the graph carries no values."""
+    cheap when the graph carries no values (one look at each new node and its inputs)."""
+    if not any("val" in n.meta or any("val" in i.meta for i in n.all_input_nodes) for n in created):
+        return
     mine = set(created)
     inputs = [i for n in created for i in n.all_input_nodes if i not in mine]
-    if not any("val" in i.meta for i in inputs) and not any("val" in n.meta for n in created):
-        return
     modes = _modes(i.meta.get("val") for i in inputs)
     # fake tensors of two modes cannot meet in one computation
     copy = None if len(modes) > 1 else _Copier(modes.pop() if modes else FakeTensorMode())

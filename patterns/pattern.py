@@ -135,6 +135,12 @@ class CompiledPattern:
     #: interior node -> an output with its shape, dtype and device (``conv`` -> the
     #: ``batch_norm`` of it): metadata reads of the interior node may use the output
     meta_twins: dict[fx.Node, fx.Node] = field(default_factory=dict)
+    #: op nodes that are not outputs: the rewrite removes them, so they may have no users
+    #: outside the match (worked out once, read by every match's checks)
+    interior: tuple[fx.Node, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.interior = tuple(p for p in self.canon if p not in self.outputs)
 
     @property
     def signature(self) -> str:

@@ -230,9 +230,13 @@ class _Writer:
         self.added: set[str] = set()  # attributes copied in from replacements
         self.released: set[str] = set()  # targets of erased get_attr / call_module nodes
         self.sweep = SweepState({})
+        #: whether a node may carry ``meta['val']``; while none does, new nodes need no
+        #: fake values and the rewrite skips computing them (set again by any that does)
+        self.carries_values = False
 
     def start_sweep(self, nodes: list[fx.Node]) -> None:
         self.sweep = SweepState({n: float(i) for i, n in enumerate(nodes)})
+        self.carries_values = any("val" in n.meta for n in nodes)
         self.cache.clear()
         self.erased.clear()
         self.getters.clear()
@@ -245,9 +249,12 @@ class _Writer:
         env: dict[fx.Node, Any] = {}
         created: list[fx.Node] = []
         lookup = env.__getitem__
+        annotated = False
         with graph.inserting_before(at):
             for rn in rep.holes:
-                env[rn] = self._bound(m.bindings[rep.binding[rn]], at, created)
+                bound = m.bindings[rep.binding[rn]]
+                attribute = isinstance(bound, ParamRef) or isinstance(bound, fx.Node) and bound.op == "get_attr"
+                env[rn] = self._attribute_at(bound, at, created) if attribute else bound
             for rn in rep.body:
                 target = self._install(rep, rn.target) if rn.op in ("get_attr", "call_module") else rn.target
                 # plain tuple/dict: fx's immutable containers send create_node down a slow path
@@ -256,10 +263,13 @@ class _Writer:
                 new = env[rn] = graph.create_node(rn.op, target, args, kwargs, rn.name)
                 if "val" in rn.meta:  # annotated on a replacement graph: kept if still valid
                     new.meta["val"] = rn.meta["val"]
+                    annotated = True
                 created.append(new)
         outputs = fx.map_arg(rep.output, lookup)
         new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        propagate_meta(self.gm, created)
+        if self.carries_values or annotated:
+            propagate_meta(self.gm, created)
+            self.carries_values = True
         position = self.sweep.positions[at] - 0.5
         for new in created:
             self.sweep.positions[new] = position
@@ -270,24 +280,21 @@ class _Writer:
             for user in old.users:
                 self.cache.pop(user, None)
             old.replace_all_uses_with(new)
-        new_of = dict(zip(m.pattern.outputs, new_outputs))
-        for p, out in m.pattern.meta_twins.items():  # metadata reads of removed nodes
-            m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in m.nodes.values())
+        if m.reads_metadata:
+            _reroute_metadata_reads(m, new_outputs)
         self._erase(m)
         if self.records is not None:
             self.records.append(Rewrite(r.name, m, created))
         return created
 
-    def _bound(self, bound: Any, at: fx.Node, created: list[fx.Node]) -> Any:
-        """What a replacement argument stands for at ``at``: a module parameter, or an
-        attribute read later than ``at``, becomes a get_attr node there (one per sweep
-        and target while it stays early enough)."""
-        if isinstance(bound, fx.Node) and bound.op == "get_attr":
+    def _attribute_at(self, bound: fx.Node | ParamRef, at: fx.Node, created: list[fx.Node]) -> fx.Node:
+        """What a replacement argument bound to an attribute stands for at ``at``: a module
+        parameter, or an attribute read later than ``at``, becomes a get_attr node there
+        (one per sweep and target while it stays early enough)."""
+        if isinstance(bound, fx.Node):
             if self.sweep.positions.get(bound, 0.0) < self.sweep.positions[at]:
                 return bound
             bound = ParamRef(bound.target)
-        if not isinstance(bound, ParamRef):
-            return bound
         getter = self.getters.get(bound.target)
         if getter is None or self.sweep.positions[getter] >= self.sweep.positions[at]:
             getter = self.getters[bound.target] = self.gm.graph.get_attr(bound.target)
@@ -330,7 +337,8 @@ class _Writer:
                     left.append(g)
                     continue
                 form = cache.pop(g, None)
-                self._attr_use(g)
+                if g.op in ("get_attr", "call_module"):  # its attribute may now be unused
+                    self.released.add(g.target)
                 graph.erase_node(g)
                 erased.add(g)
                 progress = True
@@ -338,10 +346,6 @@ class _Writer:
                     pending.append(extra)
                     pending.extend(dead_uses(extra, g) or ())
             pending = left
-
-    def _attr_use(self, node: fx.Node) -> None:
-        if node.op in ("get_attr", "call_module"):
-            self.released.add(node.target)
 
     def remove_dead_attributes(self) -> None:
         """Delete attributes a rewrite added, and submodules matched nodes called, that no
@@ -353,6 +357,15 @@ class _Writer:
         for target in candidates - used:
             if not any(u.startswith(target + ".") for u in used):
                 _del_attr(self.gm, target)
+
+
+def _reroute_metadata_reads(m: Match, new_outputs: list[Any]) -> None:
+    """Point the metadata reads of removed interior nodes (the only outside users the
+    checks let them keep) at the new output with the same metadata."""
+    matched = m.nodes.values()
+    new_of = dict(zip(m.pattern.outputs, new_outputs))
+    for p, out in m.pattern.meta_twins.items():
+        m.nodes[p].replace_all_uses_with(new_of[out], lambda user: user not in matched)
 
 
 def _free_name(gm: nn.Module, target: str) -> str:
