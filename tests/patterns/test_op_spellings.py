@@ -282,3 +282,28 @@ def test_binary_pointwise_spellings(name: str) -> None:
             expected = gm(a, b)
             assert fp.replace(gm, pattern, _tripled(pattern, 2)) == 1, (spelling, how, fp.explain(gm, pattern))
             torch.testing.assert_close(gm(a, b), expected * 3.0)
+
+
+@pytest.mark.parametrize(("target", "args", "kwargs", "writes"), [
+    (F.relu, ("x",), {}, False),
+    (F.relu, ("x", True), {}, True),  # the flag by position
+    (F.relu, ("x", False), {}, False),
+    (F.relu, ("x",), {"inplace": True}, True),
+    (F.relu, ("x",), {"inplace": False}, False),
+    (F.leaky_relu, ("x", 0.1, True), {}, True),
+    (torch.relu_, ("x",), {}, True),  # the name
+    (torch.relu, ("x",), {}, False),
+])
+def test_a_layout_that_cannot_write_never_does(target, args, kwargs, writes) -> None:
+    """The call plans ask ``spelled_inplace`` only for layouts ``may_spell_inplace``
+    allows: a layout it rules out must never write, whatever the values."""
+    from fxopt.analysis.ops import may_spell_inplace, op_name, spelled_inplace
+
+    name = op_name(target)
+    assert spelled_inplace(target, name, args, kwargs) is writes
+    if writes:
+        assert may_spell_inplace(target, name, len(args), tuple(kwargs))
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    node = graph.call_function(target, tuple(x if a == "x" else a for a in args), kwargs)
+    assert fp.canon.canonicalize(node).inplace is writes
