@@ -10,6 +10,7 @@ The list is checked against ``torch.nn``'s own, so a module torch adds shows up 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -307,3 +308,26 @@ def test_a_layout_that_cannot_write_never_does(target, args, kwargs, writes) -> 
     x = graph.placeholder("x")
     node = graph.call_function(target, tuple(x if a == "x" else a for a in args), kwargs)
     assert fp.canon.canonicalize(node).inplace is writes
+
+
+@pytest.mark.parametrize(("target", "args", "kwargs"), [
+    (operator.add, ("x", "y"), {}),
+    (torch.add, ("x", "y"), {}),
+    (torch.add, ("x", "y"), {"alpha": 2}),
+    (torch.relu, ("x",), {}),
+    (F.leaky_relu, ("x", 0.2), {}),
+    (torch.softmax, ("x", -1), {}),
+])
+def test_call_plans_bind_like_the_schema(target, args, kwargs) -> None:
+    """A call plan (positional arguments then defaults, or a fill per argument) lists the
+    same canonical arguments as binding the call to the op's schema directly."""
+    from fxopt.patterns.canon import _arguments
+
+    from fxopt.analysis.ops import op_name
+
+    graph = fx.Graph()
+    values = {"x": graph.placeholder("x"), "y": graph.placeholder("y")}
+    call_args = tuple(values.get(a, a) if isinstance(a, str) else a for a in args)
+    node = graph.call_function(target, call_args, kwargs)
+    expected = tuple(_arguments(target, op_name(target), call_args, dict(kwargs), False))
+    assert fp.canon.canonicalize(node).args == expected
