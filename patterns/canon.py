@@ -32,6 +32,7 @@ from fxopt.analysis.ops import (
     base_name,
     functional_form,
     is_inplace_name,
+    may_spell_inplace,
     op_name,
     signature_of,
     spelled_inplace,
@@ -442,11 +443,13 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
     plan = _call_plan(target, method, args, kwargs)
     if plan is None:
         return None
-    inplace = plan.named_inplace or spelled_inplace(None if method else target, plan.name, args, kwargs)
+    inplace = plan.may_write and spelled_inplace(None if method else target, plan.name, args, kwargs)
     if plan.adapter is not None:
         adapted = plan.adapter(target, args, kwargs)
         return None if adapted is None else Canon(adapted[0], tuple(adapted[1]), inplace)
-    if plan.arguments is None:
+    if plan.defaults is not None:  # the usual call: its positional arguments, then defaults
+        bound = args + plan.defaults
+    elif plan.arguments is None:
         bound = tuple(_arguments(target, plan.name, args, kwargs, method))
     else:
         bound = tuple([args[v] if how == _ARG else kwargs[v] if how == _KEYWORD else v
@@ -458,17 +461,22 @@ def canonicalize_call(target: Any, args: tuple, kwargs: dict, *, method: bool = 
 class _CallPlan:
     """How the calls of one target with one argument layout (how many positional
     arguments, which keywords) read, worked out once: the op-facts model's name for the
-    op, its out-of-place name, whether the name alone writes in place, the argument
-    adapter, and where each canonical argument comes from (the binding depends only on
-    the layout, so it is worked out on placeholders, :class:`_Slot`, and filled in)."""
+    op, its out-of-place name, whether a call of this layout can write in place at all
+    (only then is the op-facts model asked per call), the argument adapter, and where
+    each canonical argument comes from (the binding depends only on the layout, so it is
+    worked out on placeholders, :class:`_Slot`, and filled in)."""
 
     name: str
     base: str
-    named_inplace: bool
+    may_write: bool
     adapter: Adapter | None
     #: (how, what) per canonical argument; None: bound per call (an adapter's op, a
     #: binding that nests arguments: ``*args`` functions, ops without a schema)
     arguments: tuple[tuple[int, Any], ...] | None
+    #: where ``arguments`` are the call's positional arguments in order followed by
+    #: constants only (``operator.add(x, y)`` is ``add(x, y, 1)``): those constants, so
+    #: the canonical arguments are one concatenation instead of a fill per argument
+    defaults: tuple[Any, ...] | None = None
 
 
 #: how a plan fills one canonical argument: from a position, from a keyword, a constant
@@ -495,7 +503,22 @@ def _make_plan(target: Any, method: bool, layout: tuple[int, tuple[str, ...]] | 
     base = base_name(name)
     adapter = _ADAPTERS.get(base)
     arguments = None if adapter is not None or layout is None else _argument_plan(target, name, *layout, method)
-    return _CallPlan(name, base, is_inplace_name(name), adapter, arguments)
+    may_write = True if layout is None else may_spell_inplace(None if method else target, name, *layout)
+    defaults = None if layout is None else _trailing_defaults(arguments, layout[0])
+    return _CallPlan(name, base, may_write, adapter, arguments, defaults)
+
+
+def _trailing_defaults(arguments: tuple[tuple[int, Any], ...] | None, n_args: int) -> tuple[Any, ...] | None:
+    """The constants after the call's ``n_args`` positional arguments when ``arguments``
+    (a plan) is exactly those arguments in order and then constants; else None."""
+    if arguments is None or len(arguments) < n_args:
+        return None
+    head, tail = arguments[:n_args], arguments[n_args:]
+    if not all(how == _ARG and key == i for i, (how, key) in enumerate(head)):
+        return None
+    if not all(how == _CONSTANT for how, _ in tail):
+        return None
+    return tuple(value for _, value in tail)
 
 
 @dataclass(frozen=True)

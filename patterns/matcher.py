@@ -305,13 +305,16 @@ class StructuralMatcher:
         """Bind ``want[i:]`` up to its first sub-pattern (an op node or a list holding
         one): (where that is, the state), or None when a literal or a binding disagrees."""
         nodes, binds = state
+        copied = False  # the caller's bindings stay as they were (other branches share them)
         while i < len(want):
             p, t = want[i], have[i]
             if isinstance(p, fx.Node):
                 if p.op != "placeholder":
                     break
                 if p.target not in binds:
-                    binds = {**binds, p.target: t}
+                    if not copied:  # one copy for all the holes of this list, not one per hole
+                        binds, copied = dict(binds), True
+                    binds[p.target] = t
                 elif not _same(binds[p.target], t):
                     self.failure.note(len(nodes), f"argument {p.target!r} is bound to "
                                                   f"{_describe(binds[p.target])} but here it would be {_describe(t)}")
@@ -410,8 +413,10 @@ def _earliest_point(m: Match, first: fx.Node, positions: dict[fx.Node, float]) -
     """The earliest node before which the replacement can run: right after its latest
     input (attributes excepted: they are read again where needed), or before the first
     matched node."""
-    inputs = [b for b in m.bindings.values() if isinstance(b, fx.Node) and b.op != "get_attr"]
-    latest = max(inputs, key=positions.__getitem__, default=None)
+    latest = None
+    for b in m.bindings.values():  # one loop, no list: this runs for every candidate
+        if isinstance(b, fx.Node) and b.op != "get_attr" and (latest is None or positions[b] > positions[latest]):
+            latest = b
     if latest is None or positions[latest] < positions[first]:
         return first
     return latest.next

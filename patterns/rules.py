@@ -208,9 +208,18 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
                 continue
             created = writer.rewrite(m, r)
             counts[r.name] += 1
-            again = again or refused or any(quick_op(n) in index for n in created)
+            again = again or refused or _anchors_any(created, index)
             break
     return again
+
+
+def _anchors_any(created: list[fx.Node], index: dict[str, list[Rule]]) -> bool:
+    """Whether some rule anchors at a node a rewrite created (then another sweep may find
+    more); a plain loop: ``any()`` of a generator costs a generator per rewrite."""
+    for new in created:  # noqa: SIM110
+        if quick_op(new) in index:
+            return True
+    return False
 
 
 class _Writer:

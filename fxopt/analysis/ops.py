@@ -51,8 +51,8 @@ from torch.utils._pytree import tree_leaves
 __all__ = [
     "NodeFacts", "OpFacts", "declare_op", "facts", "functional_form", "has_side_effects",
     "inplace_name", "is_collective", "is_commutative", "is_inplace_name", "is_pure", "is_random",
-    "mutated_inputs", "op_name", "output_aliases", "signature_of", "spelled_inplace", "torch_name",
-    "unseen_aliases",
+    "may_spell_inplace", "mutated_inputs", "op_name", "output_aliases", "signature_of", "spelled_inplace",
+    "torch_name", "unseen_aliases",
 ]
 
 
@@ -331,6 +331,18 @@ def spelled_inplace(target: Any, name: str | None, args: Sequence[Any], kwargs: 
     (``relu_``, ``+=``) or an ``inplace=True`` flag, by keyword or position."""
     return (is_inplace_name(name) or kwargs.get("inplace") is True
             or callable(target) and _positional_inplace(target, tuple(args)))
+
+
+def may_spell_inplace(target: Any, name: str | None, n_args: int, keywords: Iterable[str]) -> bool:
+    """Whether a call with this layout (``n_args`` positional arguments, these keyword
+    names) can write in place at all: an in-place name, an ``inplace`` keyword, or enough
+    positional arguments to reach the ``inplace`` parameter. When not,
+    :func:`spelled_inplace` is False for every call of that layout, so a caller that works
+    out each layout once (the pattern matcher's call plans) need not ask per call."""
+    if is_inplace_name(name) or "inplace" in keywords:
+        return True
+    position = _inplace_position(target) if callable(target) else None
+    return position is not None and n_args > position
 
 
 def functional_form(module_type: type) -> Callable | None:
@@ -818,15 +830,22 @@ def _python_call_facts(target: Callable, args: tuple, kwargs: dict) -> NodeFacts
 
 def _positional_inplace(target: Callable, args: tuple) -> bool:
     """``F.relu(x, True)``: the ``inplace`` flag given by position."""
+    position = _inplace_position(target)
+    return position is not None and len(args) > position and args[position] is True
+
+
+def _inplace_position(target: Callable) -> int | None:
+    """Where ``target`` takes its ``inplace`` parameter by position (None: nowhere, or
+    an unhashable target), read off its signature once."""
     try:
-        position = _INPLACE_POSITIONS[target]
+        return _INPLACE_POSITIONS[target]
     except KeyError:
         signature = signature_of(target)
         params = list(signature.parameters) if signature is not None else []
         position = _INPLACE_POSITIONS[target] = params.index("inplace") if "inplace" in params else None
+        return position
     except TypeError:  # unhashable
-        return False
-    return position is not None and len(args) > position and args[position] is True
+        return None
 
 
 _INPLACE_POSITIONS: dict[Any, int | None] = {}

@@ -10,6 +10,7 @@ The list is checked against ``torch.nn``'s own, so a module torch adds shows up 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -282,3 +283,51 @@ def test_binary_pointwise_spellings(name: str) -> None:
             expected = gm(a, b)
             assert fp.replace(gm, pattern, _tripled(pattern, 2)) == 1, (spelling, how, fp.explain(gm, pattern))
             torch.testing.assert_close(gm(a, b), expected * 3.0)
+
+
+@pytest.mark.parametrize(("target", "args", "kwargs", "writes"), [
+    (F.relu, ("x",), {}, False),
+    (F.relu, ("x", True), {}, True),  # the flag by position
+    (F.relu, ("x", False), {}, False),
+    (F.relu, ("x",), {"inplace": True}, True),
+    (F.relu, ("x",), {"inplace": False}, False),
+    (F.leaky_relu, ("x", 0.1, True), {}, True),
+    (torch.relu_, ("x",), {}, True),  # the name
+    (torch.relu, ("x",), {}, False),
+])
+def test_a_layout_that_cannot_write_never_does(target, args, kwargs, writes) -> None:
+    """The call plans ask ``spelled_inplace`` only for layouts ``may_spell_inplace``
+    allows: a layout it rules out must never write, whatever the values."""
+    from fxopt.analysis.ops import may_spell_inplace, op_name, spelled_inplace
+
+    name = op_name(target)
+    assert spelled_inplace(target, name, args, kwargs) is writes
+    if writes:
+        assert may_spell_inplace(target, name, len(args), tuple(kwargs))
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    node = graph.call_function(target, tuple(x if a == "x" else a for a in args), kwargs)
+    assert fp.canon.canonicalize(node).inplace is writes
+
+
+@pytest.mark.parametrize(("target", "args", "kwargs"), [
+    (operator.add, ("x", "y"), {}),
+    (torch.add, ("x", "y"), {}),
+    (torch.add, ("x", "y"), {"alpha": 2}),
+    (torch.relu, ("x",), {}),
+    (F.leaky_relu, ("x", 0.2), {}),
+    (torch.softmax, ("x", -1), {}),
+])
+def test_call_plans_bind_like_the_schema(target, args, kwargs) -> None:
+    """A call plan (positional arguments then defaults, or a fill per argument) lists the
+    same canonical arguments as binding the call to the op's schema directly."""
+    from fxopt.patterns.canon import _arguments
+
+    from fxopt.analysis.ops import op_name
+
+    graph = fx.Graph()
+    values = {"x": graph.placeholder("x"), "y": graph.placeholder("y")}
+    call_args = tuple(values.get(a, a) if isinstance(a, str) else a for a in args)
+    node = graph.call_function(target, call_args, kwargs)
+    expected = tuple(_arguments(target, op_name(target), call_args, dict(kwargs), False))
+    assert fp.canon.canonicalize(node).args == expected
