@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fxopt.errors import InputError
 from fxopt.progress import progress
 from fxopt.quant import tuning_cache
 
@@ -41,6 +42,8 @@ _log = logging.getLogger(__name__)
 GEMV_MAX_M = 2
 #: the environment variable that turns tuning on ("1")
 TUNE_ENV = "FXOPT_INT8_TUNE"
+#: its values that turn tuning on, and off (unset counts as off); any other is an error
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 #: the shipped table of defaults, package data of fxopt.quant
 DEFAULTS_FILE = "int8_defaults.json"
 #: programs below which a layer leaves SMs without work (an H100 has 132, an A100 108): the
@@ -116,6 +119,8 @@ def set_int8_tuning(enabled: bool | None) -> None:
     sets ``FXOPT_INT8_TUNE=1``. Tuning takes up to a minute per shape; its winners are
     cached on disk (:func:`fxopt.quant.tuning_cache.cache_path`), so each machine tunes a
     shape once."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InputError(f"set_int8_tuning: expected True, False or None, got {enabled!r}")
     global _tuning
     _tuning = enabled
 
@@ -124,7 +129,11 @@ def tuning_enabled() -> bool:
     """Whether a shape missing from the on-disk cache is tuned (see :func:`set_int8_tuning`)."""
     if _tuning is not None:
         return _tuning
-    return os.environ.get(TUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    value = os.environ.get(TUNE_ENV, "").strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise InputError(f"{TUNE_ENV}={os.environ[TUNE_ENV]!r}: expected one of {', '.join(_ON + _OFF[1:])}")
+
 
 
 def gpu_family(capability: tuple[int, int]) -> str:

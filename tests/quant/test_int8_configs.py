@@ -119,6 +119,20 @@ def test_set_int8_tuning_overrides_the_environment(monkeypatch):
     assert int8_configs.tuning_enabled()
 
 
+def test_bad_tuning_switches_are_typed_errors_naming_the_culprit(monkeypatch):
+    import fxopt.quant as fq
+    from fxopt.errors import InputError
+
+    with pytest.raises(InputError, match="set_int8_tuning.*'1'"):
+        fq.set_int8_tuning("1")
+    assert int8_configs._tuning is None  # the switch kept its value
+    monkeypatch.setenv(int8_configs.TUNE_ENV, "maybe")
+    with pytest.raises(InputError, match="FXOPT_INT8_TUNE='maybe'"):
+        int8_configs.tuning_enabled()
+    monkeypatch.setenv(int8_configs.TUNE_ENV, " Off ")
+    assert not int8_configs.tuning_enabled()
+
+
 @pytest.mark.parametrize("switch", ["env", "function"])
 def test_tuning_when_asked_times_candidates_and_caches_the_winner(monkeypatch, switch):
     if switch == "env":
