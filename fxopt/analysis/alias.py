@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
-from fxopt.analysis.manager import register_analysis
 from fxopt.analysis.ops import mutated_inputs, unseen_aliases
+from fxopt.analysis.registry import register_analysis
 from fxopt.analysis.shapes import call_module_on_copies
 
 

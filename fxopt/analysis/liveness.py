@@ -13,7 +13,7 @@ from typing import Any
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fxopt.analysis.manager import register_analysis
+from fxopt.analysis.registry import register_analysis
 
 
 @dataclass(frozen=True)

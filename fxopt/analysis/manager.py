@@ -9,45 +9,28 @@ makes: preserving ``shapes`` means every node it created carries ``meta['val']``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import torch.fx as fx
 
+# imported for their registrations: the manager sits above the analyses it runs
+from fxopt.analysis import alias, liveness, shapes, structure  # noqa: F401
+from fxopt.analysis.registry import analysis_function, analysis_names, register_analysis
 from fxopt.errors import AnalysisError
 
-if TYPE_CHECKING:
-    from fxopt.context import PassContext
-
-AnalysisFn = Callable[[fx.GraphModule, "PassContext"], Any]
-_ANALYSES: dict[str, AnalysisFn] = {}
-
-
-def register_analysis(name: str) -> Callable[[AnalysisFn], AnalysisFn]:
-    """Decorator: register ``fn(gm, ctx)`` as the analysis called ``name``."""
-
-    def decorate(fn: AnalysisFn) -> AnalysisFn:
-        _ANALYSES[name] = fn
-        return fn
-
-    return decorate
+__all__ = ["AnalysisManager", "register_analysis", "registered_analyses"]
 
 
 def registered_analyses() -> list[str]:
-    _load_builtin_analyses()
-    return sorted(_ANALYSES)
-
-
-def _load_builtin_analyses() -> None:
-    # imported for their registrations; local import avoids a cycle with this module
-    from fxopt.analysis import alias, liveness, shapes, structure  # noqa: F401
+    """The names of every registered analysis (the built-in ones included)."""
+    return analysis_names()
 
 
 class AnalysisManager:
     """Caches analysis results for one GraphModule during one PassManager run."""
 
-    def __init__(self, gm: fx.GraphModule, ctx: PassContext):
-        _load_builtin_analyses()
+    def __init__(self, gm: fx.GraphModule, ctx: Any):
         self.gm = gm
         self.ctx = ctx
         self._cache: dict[str, Any] = {}
@@ -56,9 +39,9 @@ class AnalysisManager:
 
     def get(self, name: str) -> Any:
         if name not in self._cache:
-            fn = _ANALYSES.get(name)
+            fn = analysis_function(name)
             if fn is None:
-                raise AnalysisError(name, f"unknown analysis (known: {', '.join(sorted(_ANALYSES))})")
+                raise AnalysisError(name, f"unknown analysis (known: {', '.join(analysis_names())})")
             self._cache[name] = fn(self.gm, self.ctx)
             self.compute_counts[name] = self.compute_counts.get(name, 0) + 1
         return self._cache[name]

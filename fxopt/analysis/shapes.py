@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, Unsupporte
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._pytree import tree_map
 
-from fxopt.analysis.manager import register_analysis
+from fxopt.analysis.registry import register_analysis
 from fxopt.errors import AnalysisError, MissingFakeImplError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from fxopt.analysis.manager import register_analysis
+from fxopt.analysis.registry import register_analysis
 
 
 @register_analysis("topo")
