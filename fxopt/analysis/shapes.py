@@ -93,8 +93,10 @@ def record_value(node: fx.Node, value: Any) -> None:
         node.meta.pop("tensor_meta", None)
 
 
-def fake_mode_for(gm: fx.GraphModule, example_inputs: Any) -> tuple[FakeTensorMode, list[Any]]:
-    """The fake mode and fake placeholder values to propagate ``gm`` with."""
+def fake_mode_for(gm: fx.GraphModule, example_inputs: Any,
+                  mode: FakeTensorMode | None = None) -> tuple[FakeTensorMode, list[Any]]:
+    """The fake mode and fake placeholder values to propagate ``gm`` with: the mode of the
+    placeholders' values without example inputs, else ``mode`` or a new one."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if example_inputs is None:
         vals = [p.meta.get("val") for p in placeholders]
@@ -111,7 +113,7 @@ def fake_mode_for(gm: fx.GraphModule, example_inputs: Any) -> tuple[FakeTensorMo
         fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
                 else v for v in vals]
         return mode, fake
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     flat = gm.graph.process_inputs(*example_inputs)
     return mode, [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
                   for x in flat]
@@ -135,7 +137,10 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
         adopted = _adopt_recorded_values(gm)
         if adopted is not None:
             return adopted
-    mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None))
+    mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None),
+                                      getattr(ctx, "fake_mode", None))
+    if hasattr(ctx, "fake_mode"):
+        ctx.fake_mode = mode
     propagator = _FakePropagator(gm, mode)
     with mode, torch.no_grad():
         propagator.run(*fake_inputs, enable_io_processing=False)

@@ -83,7 +83,8 @@ class CommonSubexpressionElimination(Pass):
     """
 
     name = "cse"
-    preserves = ("shapes",)
+    # no preserves: a merged twin's users and their views keep values in the twin's storage,
+    # so the storages the alias analysis reads would be stale (inplace would write a live one)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         seen: dict[Any, fx.Node] = {}

@@ -172,6 +172,22 @@ def test_cse_does_not_merge_across_an_inplace_write():
     assert _targets(out).count(operator.add) == 2
 
 
+def test_cse_then_inplace_never_writes_a_storage_the_merged_twin_still_needs():
+    """After cse merged ``b`` into its twin ``a``, ``b``'s view is a view of ``a``: the
+    storages the alias analysis sees must say so, or ``inplace`` turns ``relu(view)`` into
+    ``relu_(view)`` and overwrites ``a`` before ``a.sum()`` reads it."""
+
+    class M(nn.Module):
+        def forward(self, x):
+            a = x * 3
+            b = x * 3
+            w = torch.relu(b.view(-1))
+            return w.sum() + a.sum()
+
+    out = _run(M(), ["cse", "inplace"], torch.randn(4, 4))
+    assert _targets(out).count(operator.mul) == 1  # merged, and still right
+
+
 @pytest.mark.parametrize(("c1", "c2"), [(1, 1.0), (1, True), (0.0, -0.0)])
 def test_cse_distinguishes_scalars_that_compare_equal(c1, c2):
     class M(nn.Module):
