@@ -26,11 +26,10 @@ class PassContext:
     training: bool = False
     report: Report = field(default_factory=Report)
     analyses: AnalysisManager = field(init=False)
-    #: the FakeTensorMode every shape propagation of this run uses (set by the first one).
-    #: One mode for the run converts each parameter to a fake tensor once, not once per
-    #: propagation (most of a re-propagation's cost); its memo stays right because passes
-    #: may not change existing tensors (the manager's TensorGuard) and new ones are new keys.
-    fake_mode: Any = field(default=None, init=False, repr=False)
+    #: the fake mode (and fake parameters) every shape propagation of this run shares, set
+    #: by the first one (:class:`fxopt.analysis.shapes.FakeState`): each parameter becomes
+    #: a fake tensor once per run, not once per propagation
+    fake_state: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.analyses = AnalysisManager(self.gm, self)

@@ -11,11 +11,14 @@ fake mode (and its ShapeEnv, for dynamic shapes) is reused so symbols stay symbo
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._pytree import tree_map
@@ -24,16 +27,35 @@ from fxopt.analysis.registry import register_analysis
 from fxopt.errors import AnalysisError, MissingFakeImplError
 
 
+@dataclass
+class FakeState:
+    """The fake mode every shape propagation of one run uses, and the fake tensors it made
+    of the module's parameters and buffers.
+
+    torch memoizes real-to-fake conversions, but holds the fakes weakly: a parameter seen
+    only inside a ``call_module`` would be converted again by every propagation (most of
+    a re-propagation's cost on a large model). Holding them here keeps the memo's answers
+    alive; the memo stays right because passes may not change existing tensors (the
+    manager's TensorGuard) and new tensors are new keys.
+    """
+
+    mode: FakeTensorMode
+    fakes: dict[int, FakeTensor] = field(default_factory=dict)
+
+
 class _FakePropagator(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, mode: FakeTensorMode):
+    def __init__(self, gm: fx.GraphModule, state: FakeState):
         super().__init__(gm, garbage_collect_values=False)
         self.extra_traceback = False
-        self.mode = mode
+        self.mode = state.mode
+        self.fakes = state.fakes
 
     def _to_fake(self, value: Any) -> Any:
         def convert(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
-                return self.mode.from_tensor(x, static_shapes=True)
+                fake = self.mode.from_tensor(x, static_shapes=True)
+                self.fakes[id(fake)] = fake
+                return fake
             return x
 
         return tree_map(convert, value)
@@ -65,6 +87,17 @@ def call_module_on_copies(module: torch.nn.Module, args: Any, kwargs: Any,
     user's model would change because fxopt looked at it.
     """
     buffer = buffer or parameter
+    cls = type(module)
+    if (cls.__setattr__ is nn.Module.__setattr__ and cls.__getattr__ is nn.Module.__getattr__
+            and not module._modules):
+        # a plain leaf module (conv, batch norm, linear...): a shallow twin holding the
+        # copies calls the same forward at a fraction of functional_call's cost. Modules
+        # that keep their tensors elsewhere too (RNNs' flat weights, kept up to date by their
+        # own __setattr__) and modules with children go through functional_call.
+        twin = copy.copy(module)
+        twin._parameters = {k: None if t is None else parameter(t) for k, t in module._parameters.items()}
+        twin._buffers = {k: None if t is None else buffer(t) for k, t in module._buffers.items()}
+        return twin(*args, **kwargs)
     state = {name: parameter(t) for name, t in module.named_parameters(remove_duplicate=False)}
     state |= {name: buffer(t) for name, t in module.named_buffers(remove_duplicate=False)}
     return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
@@ -137,11 +170,14 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
         adopted = _adopt_recorded_values(gm)
         if adopted is not None:
             return adopted
+    state = getattr(ctx, "fake_state", None)
     mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None),
-                                      getattr(ctx, "fake_mode", None))
-    if hasattr(ctx, "fake_mode"):
-        ctx.fake_mode = mode
-    propagator = _FakePropagator(gm, mode)
+                                      state.mode if state is not None else None)
+    if state is None or state.mode is not mode:
+        state = FakeState(mode)
+        if hasattr(ctx, "fake_state"):
+            ctx.fake_state = state
+    propagator = _FakePropagator(gm, state)
     with mode, torch.no_grad():
         propagator.run(*fake_inputs, enable_io_processing=False)
     return mode

@@ -39,6 +39,10 @@ from fxopt.memory.problem import Buffer, lower_bound
 #: function, uncompiled): numba's import and first call cost ~0.6 s per process even from
 #: its disk cache, more than Python's greedy takes on them (bench/startup.py)
 PYTHON_GREEDY_MAX = 300
+#: seconds (at most this share of the time limit) the exact search first runs as plain
+#: Python on such problems: real graphs usually reach the bound within about one search
+#: node per buffer, milliseconds in Python, so numba is loaded only when that fails
+PYTHON_SEARCH_SECONDS = 0.1
 
 _JITTED: list[str] = []
 
@@ -161,11 +165,20 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     assert best is not None and best_arena is not None and best_order is not None
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
+    nodes = 0
+    if n <= PYTHON_GREEDY_MAX:
+        quick = BranchAndBound(starts, ends, sizes, target, compiled=False, deadline=time.perf_counter()
+                               + min(PYTHON_SEARCH_SECONDS, 0.1 * time_limit))
+        found = quick.run()
+        nodes = quick.nodes
+        if found is not None:
+            arena = int((found + sizes).max())
+            return Solution(found.tolist(), arena, "search", arena == bound, nodes)
     BranchAndBound.warm_up()
     # most of the time goes to the target itself, then to ever looser capacities (a looser
     # capacity prunes less, so it is not necessarily found sooner); each round gets a share
     # of the time left
-    began, nodes = time.perf_counter(), 0
+    began = time.perf_counter()
     schedule = ((1.0, 0.6), (1.02, 0.4), (1.05, 0.5), (1.10, 1.0))
     best_method = "greedy"
     for factor, share in schedule:
@@ -235,9 +248,11 @@ class BranchAndBound:
     HEURISTICS = ("WAT", "TAW", "TWA")
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, capacity: int,
-                 deadline: float):
+                 deadline: float, compiled: bool = True):
         self.capacity = int(capacity)
         self.deadline = deadline
+        #: False: run the search as plain Python unless numba was loaded already
+        self.compiled = compiled
         self.nodes = 0
         self.n = len(sizes)
         self.sizes = sizes.astype(np.int64)
@@ -297,7 +312,8 @@ class BranchAndBound:
 
     def _run_search(self, keys: np.ndarray, budget: int) -> tuple[int, np.ndarray, int]:
         """One depth-first search under ``budget`` nodes: (status, offsets, nodes visited)."""
-        _compile()
+        if self.compiled:
+            _compile()
         n, n_sections = self.n, self.n_sections
         total = np.zeros(n_sections + 1, dtype=np.int64)
         np.add.at(total, self.lo, self.sizes)
