@@ -154,6 +154,7 @@ class ConstantFold(Pass):
         if not frontier:
             return PassResult(False, {"folded": 0})
         values = self._evaluate(gm, constant)
+        held = self._source_storages(gm, constant)
         folded, too_large = 0, 0
         for node in frontier:
             value = values[node]
@@ -162,8 +163,16 @@ class ConstantFold(Pass):
             if value.numel() * value.element_size() > self.options["max_bytes"]:
                 too_large += 1
                 continue
+            # a result in a storage of its own becomes the buffer as it is; one that shares a
+            # storage with a source or an earlier folded value (a view, `.to` of the same
+            # dtype) is copied, so the buffer is never the user's tensor nor a view of one
+            storage = _storage_key(value)
+            if storage is None or storage in held:
+                value = value.clone()
+            else:
+                held.add(storage)
             attr = fresh_attr_name(gm, f"_folded_{node.name}")
-            gm.register_buffer(attr, value.detach().clone())
+            gm.register_buffer(attr, value.detach())
             with gm.graph.inserting_before(node):
                 getter = gm.graph.get_attr(attr)
             getter.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta")})
@@ -186,6 +195,20 @@ class ConstantFold(Pass):
             return False
 
     @staticmethod
+    def _source_storages(gm: fx.GraphModule, constant: set[fx.Node]) -> set[int]:
+        """The storages of the tensors the constant subgraph starts from: its attributes and
+        the state of the modules it calls. A pure op returns new tensors or views of its
+        inputs, so these are the only existing storages a folded value can share."""
+        tensors: list[Any] = []
+        for node in constant:
+            if node.op == "get_attr":
+                tensors.append(fetch_attr(gm, node.target))
+            elif node.op == "call_module":
+                module = gm.get_submodule(node.target)
+                tensors += [*module.parameters(), *module.buffers()]
+        return {key for t in tensors if isinstance(t, torch.Tensor) and (key := _storage_key(t)) is not None}
+
+    @staticmethod
     def _evaluate(gm: fx.GraphModule, constant: set[fx.Node]) -> dict[fx.Node, Any]:
         interpreter = fx.Interpreter(gm)
         values: dict[fx.Node, Any] = {}
@@ -195,6 +218,15 @@ class ConstantFold(Pass):
                     interpreter.env = values
                     values[node] = interpreter.run_node(node)
         return values
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    """Where ``t``'s data lives (None for a tensor without a plain storage: always copied)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return ptr or None
 
 
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,

@@ -242,6 +242,34 @@ def test_constant_fold_folds_parameter_subgraphs_bitwise_and_keeps_random_ops():
     assert sorted(dict(gm.named_parameters())) == ["b", "w"]  # user's model untouched
 
 
+def test_constant_fold_buffers_never_share_storage_with_the_users_tensors():
+    """Folded results in a storage of their own are kept as they are; a view of a
+    parameter (``w.t()``), the parameter itself (``w.float()`` of a float ``w``) and a
+    second view of one folded value are copied: no buffer is the user's tensor or a view."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            fresh = self.w * 2
+            return x @ self.w.t() + x @ self.w.float() + x @ fresh + x @ fresh.t() + x @ fresh[0:4]
+
+    model = M().eval()
+    out = fxopt.optimize(fx.symbolic_trace(model), passes=["constant_fold"])
+    folded = [b for name, b in out.named_buffers() if name.startswith("_folded")]
+    assert len(folded) == 5
+    pointers = [b.untyped_storage().data_ptr() for b in folded]
+    assert model.w.untyped_storage().data_ptr() not in pointers
+    assert len(set(pointers)) == 5
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)
+    with torch.no_grad():
+        model.w.add_(1)  # the user trains on: the folded graph keeps the weights it was given
+    assert not torch.equal(out(x), model(x))
+
+
 def test_constant_fold_respects_the_size_cap():
     gm = fx.symbolic_trace(_Foldable().eval())
     out = fxopt.optimize(gm, passes="constant_fold{max_bytes=100}")

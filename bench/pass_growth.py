@@ -1,0 +1,113 @@
+"""Growth of every pass of the full pass list with graph size: is any pass super-linear?
+
+A symbolic_trace'd eval-mode network of ``blocks`` blocks (conv+BN+ReLU, conv+BN plus a
+residual add and ReLU, a constant subgraph to fold, twin expressions for cse, a no-op
+``contiguous()``, dead code for dce, linear+ReLU), about 20 nodes a block, optimized with
+the full pass list at sizes doubling up to ``--max-nodes`` (default 10k nodes). Each
+pass's seconds come from the run's report (a composite's include its children, a pass's
+include the analyses it triggers), best of ``--repeat`` fresh copies. The growth exponent
+is the least-squares slope of log(seconds) against log(nodes); a pass above ``--flag``
+(1.2) is flagged. CPU seconds (``time.process_time`` per run, the report's wall seconds per
+pass), on a shared machine: take the best of several runs.
+
+    python bench/pass_growth.py [--max-nodes 10000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+import fxopt
+
+FULL = ["constant_fold", "cse", "dce", "eliminate_identity", "fold_conv_bn", "fuse_conv_bn_relu",
+        "fuse_add_relu", "fuse_linear_relu", "inplace", "plan_memory"]
+
+
+class Block(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.scale = nn.Parameter(torch.rand(channels, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + x)
+        factor = self.scale * 2 + 1  # constant: folded
+        gate = torch.sigmoid(y) + torch.sigmoid(y)  # twins: cse
+        unused = torch.tanh(y)  # dead: dce
+        del unused
+        return (y * factor + gate).contiguous()  # contiguous of a contiguous tensor: identity
+
+
+class Net(nn.Module):
+    def __init__(self, blocks: int, channels: int = 4):
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(channels) for _ in range(blocks)))
+        self.fc = nn.Linear(channels * 16, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(self.blocks(x).flatten(1)))
+
+
+def graph_of(blocks: int) -> tuple[fx.GraphModule, tuple]:
+    torch.manual_seed(0)
+    model = Net(blocks).eval()
+    return fx.symbolic_trace(model), (torch.randn(2, 4, 4, 4),)
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-6)) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-nodes", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=4, help="sizes: max, max/2, max/4, ...")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--flag", type=float, default=1.2)
+    args = parser.parse_args()
+    print(f"# {os.uname().nodename}, {os.cpu_count()} CPUs, load {os.getloadavg()}, torch {torch.__version__}")
+    per_block = len(graph_of(2)[0].graph.nodes) - len(graph_of(1)[0].graph.nodes)
+    sizes = [max(1, args.max_nodes // per_block // 2 ** k) for k in reversed(range(args.steps))]
+    gm, inputs = graph_of(1)
+    fxopt.optimize(gm, FULL, example_inputs=inputs)  # the process's first optimize, not timed
+    nodes, rows, totals = [], {}, []
+    for blocks in sizes:
+        gm, inputs = graph_of(blocks)
+        best: dict[str, float] = {}
+        best_total = math.inf
+        for _ in range(args.repeat):
+            g = copy.deepcopy(gm)
+            start = os.times()
+            out = fxopt.optimize(g, FULL, example_inputs=inputs)
+            end = os.times()
+            best_total = min(best_total, (end.user + end.system) - (start.user + start.system))
+            for r in fxopt.report_of(out).records:
+                best[r.name] = min(best.get(r.name, math.inf), r.seconds)
+        nodes.append(len(gm.graph.nodes))
+        totals.append(best_total)
+        for name, seconds in best.items():
+            rows.setdefault(name, []).append(seconds)
+        print(f"nodes={nodes[-1]:6d}  optimize {best_total:7.3f} s CPU  | "
+              + "  ".join(f"{k} {v:.3f}" for k, v in best.items()), flush=True)
+    print(f"\ngrowth exponent (slope of log seconds over log nodes, {nodes[0]}..{nodes[-1]} nodes; "
+          f"last doubling in brackets):")
+    for name, ys in [*rows.items(), ("optimize (total, CPU)", totals)]:
+        k = slope(nodes, ys)
+        last = math.log(ys[-1] / max(ys[-2], 1e-6)) / math.log(nodes[-1] / nodes[-2])
+        flag = "  <-- SUPER-LINEAR" if k > args.flag else ""
+        print(f"  {name:24s} {k:5.2f}  [{last:5.2f}]  {ys[-1]:7.3f} s at {nodes[-1]} nodes{flag}")
+
+
+if __name__ == "__main__":
+    main()
