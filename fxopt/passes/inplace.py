@@ -62,13 +62,20 @@ class StorageClasses:
     def __init__(self, alias: AliasInfo):
         self.parent: dict[StorageWeakRef, StorageWeakRef] = {}
         self.members: dict[StorageWeakRef, list[fx.Node]] = {}
+        #: root -> every storage of its class, so that a membership test costs the size of
+        #: the node's classes, not of the set asked about (all parameters, say)
+        self.held: dict[StorageWeakRef, set[StorageWeakRef]] = {}
         self.storages = alias.storages
         for node, found in alias.storages.items():
             for s in found:
                 self.members.setdefault(self.find(s), []).append(node)
 
     def find(self, s: StorageWeakRef) -> StorageWeakRef:
-        root = self.parent.setdefault(s, s)
+        root = self.parent.get(s)
+        if root is None:
+            self.parent[s] = s
+            self.held[s] = {s}
+            return s
         while root != self.parent[root]:
             root = self.parent[root]
         self.parent[s] = root
@@ -85,8 +92,7 @@ class StorageClasses:
         return list(out)
 
     def contains_any(self, node: fx.Node, storages: set[StorageWeakRef]) -> bool:
-        roots = self.roots(node)
-        return any(self.find(s) in roots for s in storages)
+        return any(not self.held[r].isdisjoint(storages) for r in self.roots(node))
 
     def merge(self, node: fx.Node, into: fx.Node) -> None:
         """R15: after ``node`` became an in-place op on ``into`` they are one buffer."""
@@ -98,7 +104,17 @@ class StorageClasses:
             if r != keep:
                 self.parent[r] = keep
                 self.members.setdefault(keep, []).extend(self.members.pop(r, []))
+                self.held[keep] |= self.held.pop(r)
         self.storages[node] = set(self.storages.get(node, ())) | {keep}
+
+    def rename(self, old: fx.Node, new: fx.Node) -> None:
+        """``new`` lives where ``old`` lived (``old`` leaves the graph)."""
+        for r in self.roots(old):  # the only member lists ``old`` is in
+            members = self.members.get(r, [])
+            for i, m in enumerate(members):
+                if m is old:
+                    members[i] = new
+        self.storages[new] = self.storages.pop(old, set())
 
 
 # ---------------------------------------------------------------------------------------
@@ -126,6 +142,16 @@ class Facts:
     saved: dict[tuple[fx.Node, int], set[fx.Node]] | None
     autograd_safe: bool
     inference_storages: set[StorageWeakRef] = field(default_factory=set)
+    #: node -> the leaf positions of its value that ``saved`` has entries for, and the sets
+    #: of savers it is in (kept with ``saved`` as nodes are replaced, without scanning it)
+    saved_leaves: dict[fx.Node, list[int]] = field(default_factory=dict)
+    savers_of: dict[fx.Node, list[set[fx.Node]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for (node, position), savers in (self.saved or {}).items():
+            self.saved_leaves.setdefault(node, []).append(position)
+            for saver in savers:
+                self.savers_of.setdefault(saver, []).append(savers)
     #: (collective's position, its wait's position, storages it reads and fills) (R16)
     in_flight: list[tuple[int, float, set[StorageWeakRef]]] = field(default_factory=list)
 
@@ -419,18 +445,17 @@ def _collectives_in_flight(gm: fx.GraphModule, f: Facts) -> list[tuple[int, floa
 def _adopt_facts(f: Facts, old: fx.Node, new: fx.Node, self_arg: fx.Node) -> None:
     """Give ``new`` the facts ``old`` had, then merge its storage into self's (R15)."""
     f.order[new] = f.order.pop(old)
-    f.classes.storages[new] = f.classes.storages.pop(old, set())
-    for members in f.classes.members.values():
-        for i, m in enumerate(members):
-            if m is old:
-                members[i] = new
+    f.classes.rename(old, new)
     if f.saved is not None:
-        for key in [k for k in f.saved if k[0] is old]:
-            f.saved[(new, key[1])] = f.saved.pop(key)
-        for savers in f.saved.values():
-            if old in savers:
-                savers.discard(old)
-                savers.add(new)
+        positions = f.saved_leaves.pop(old, [])
+        for position in positions:
+            f.saved[(new, position)] = f.saved.pop((old, position))
+        f.saved_leaves[new] = positions
+        sets = f.savers_of.pop(old, [])
+        for savers in sets:
+            savers.discard(old)
+            savers.add(new)
+        f.savers_of[new] = sets
     f.classes.merge(new, self_arg)
     if "val" in old.meta:
         record_value(new, old.meta["val"])
