@@ -154,8 +154,9 @@ class ConstantFold(Pass):
         if not frontier:
             return PassResult(False, {"folded": 0})
         values = self._evaluate(gm, constant)
-        held = self._source_storages(gm, constant)
-        folded, too_large = 0, 0
+        sources = self._source_storages(gm, constant)
+        held: set[int] = set()
+        folded, too_large, views = 0, 0, 0
         for node in frontier:
             value = values[node]
             if not isinstance(value, torch.Tensor):
@@ -163,10 +164,14 @@ class ConstantFold(Pass):
             if value.numel() * value.element_size() > self.options["max_bytes"]:
                 too_large += 1
                 continue
-            # a result in a storage of its own becomes the buffer as it is; one that shares a
-            # storage with a source or an earlier folded value (a view, `.to` of the same
-            # dtype) is copied, so the buffer is never the user's tensor nor a view of one
             storage = _storage_key(value)
+            if storage is not None and storage in sources:
+                # a view of an attribute (`w.t()`, `.to` of its own dtype) computes nothing:
+                # folding it would only copy the weight
+                views += 1
+                continue
+            # a result in a storage of its own becomes the buffer as it is; one that shares
+            # a storage with an earlier folded value (a view of it) is copied
             if storage is None or storage in held:
                 value = value.clone()
             else:
@@ -183,7 +188,8 @@ class ConstantFold(Pass):
                 gm.graph.erase_node(node)
         dropped = drop_unused_attributes(gm)  # the folded-away weights: not carried twice
         return PassResult(folded > 0 or bool(dropped),
-                          {"folded": folded, "too_large": too_large, "dropped": len(dropped)})
+                          {"folded": folded, "too_large": too_large, "views_kept": views,
+                           "dropped": len(dropped)})
 
     @staticmethod
     def _is_constant_source(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -198,7 +204,7 @@ class ConstantFold(Pass):
     def _source_storages(gm: fx.GraphModule, constant: set[fx.Node]) -> set[int]:
         """The storages of the tensors the constant subgraph starts from: its attributes and
         the state of the modules it calls. A pure op returns new tensors or views of its
-        inputs, so these are the only existing storages a folded value can share."""
+        inputs, so these are the only existing storages a result can share."""
         tensors: list[Any] = []
         for node in constant:
             if node.op == "get_attr":

@@ -243,9 +243,9 @@ def test_constant_fold_folds_parameter_subgraphs_bitwise_and_keeps_random_ops():
 
 
 def test_constant_fold_buffers_never_share_storage_with_the_users_tensors():
-    """Folded results in a storage of their own are kept as they are; a view of a
-    parameter (``w.t()``), the parameter itself (``w.float()`` of a float ``w``) and a
-    second view of one folded value are copied: no buffer is the user's tensor or a view."""
+    """A computed result in a storage of its own is kept as the buffer; a second view of
+    it (``fresh.t()``, ``fresh[0:2]``) is copied; a mere view of a parameter (``w.t()``,
+    ``w.float()`` of a float ``w``) computes nothing and stays in the graph."""
 
     class M(nn.Module):
         def __init__(self):
@@ -258,16 +258,15 @@ def test_constant_fold_buffers_never_share_storage_with_the_users_tensors():
 
     model = M().eval()
     out = fxopt.optimize(fx.symbolic_trace(model), passes=["constant_fold"])
+    stats = fxopt.report_of(out).find("constant_fold")[0].stats
+    assert stats["folded"] == 3 and stats["views_kept"] == 2
+    assert "t" in _targets(out) and "float" in _targets(out)
     folded = [b for name, b in out.named_buffers() if name.startswith("_folded")]
-    assert len(folded) == 5
-    pointers = [b.untyped_storage().data_ptr() for b in folded]
+    pointers = {b.untyped_storage().data_ptr() for b in folded}
+    assert len(folded) == 3 == len(pointers)
     assert model.w.untyped_storage().data_ptr() not in pointers
-    assert len(set(pointers)) == 5
     x = torch.randn(3, 4)
     torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)
-    with torch.no_grad():
-        model.w.add_(1)  # the user trains on: the folded graph keeps the weights it was given
-    assert not torch.equal(out(x), model(x))
 
 
 def test_constant_fold_respects_the_size_cap():
