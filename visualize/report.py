@@ -197,8 +197,9 @@ def _sidebar(sections: list[Section]) -> str:
             'the graph (p)">◀ prev change</button><button id="fx-next" type="button" title="next pass '
             'that changed the graph (n)">next change ▶</button></div>'
             f"<ol>{items}</ol>"
-            '<div class="fx-keys">Drag to pan, wheel to zoom. Keys: / search, Enter next match, '
-            "n / p next / previous change.</div></nav>")
+            '<div class="fx-keys">Drag to pan, wheel to zoom. A diff opens on its changes. Keys: '
+            "/ search, Enter next match, n / p next / previous change, f whole graph / changes."
+            "</div></nav>")
 
 
 def report_html(gm: fx.GraphModule, *, title: str | None = None, renderer: str | os.PathLike | None = None,
