@@ -40,6 +40,8 @@ from .profile import profile_section
 
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
+
+
 @dataclass
 class Section:
     """One part of the page: its sidebar entry and its HTML, a ``<section id=anchor>``.
