@@ -11,13 +11,11 @@ import warnings
 
 import pytest
 import torch
-from fxopt.patterns import replace_pattern
+from fxopt.patterns import replace_pattern, replace_pattern_with_filters
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import symbolic_trace
 from torch.fx.annotate import annotate
 from torch.fx.experimental.rewriter import RewritingTracer
-
-replace_pattern_with_filters = replace_pattern
 
 
 def assert_equal(a, b) -> None:
