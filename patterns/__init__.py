@@ -17,7 +17,8 @@ A pattern written with any spelling of an op matches every spelling of it
     fxopt.optimize(gm, passes=["my_fusion"])              # or as a registered pass
 
 Constraints: ``fp.rule(pattern, replacement, x=fp.dtype_in(torch.half), where=...)``;
-a per-match veto: ``fp.rule(..., callback=lambda m: ...)``.
+a per-match veto: ``fp.rule(..., callback=lambda m: ...)``; a replacement chosen per match:
+``fp.rule(pattern, replacement_callback=lambda m: ...)``.
 Why something did not match: ``print(fp.explain(gm, pattern, "relu_3"))``.
 Porting a ``torch.fx`` script: ``fp.replace_pattern`` and ``fp.replace_pattern_with_filters``
 have its signatures and return types.
