@@ -15,9 +15,9 @@ Only code torch (or fxopt) owns ever runs:
   :func:`fxopt.analysis.ops.torch_name`), ``operator`` built-ins, and public ``Tensor``
   methods implemented by torch (not one a user patched onto ``torch.Tensor``);
 - every op actually dispatched is checked as it is reached (:class:`_TorchCodeOnly`): no
-  Python fake kernel or fake-mode rule registered for it by anyone but torch, no Python
-  override of its Meta kernel, no data-dependent output (which would add unbacked symbols
-  to the graph's shape environment);
+  Python fake kernel, fake-mode rule or kernel (a Meta override, say) registered for it by
+  anyone but torch, no data-dependent output (which would add unbacked symbols to the
+  graph's shape environment);
 - while values are computed, the user's dispatch modes are off, the fake mode may not fall
   back to running real kernels, and the shape environment refuses new guards (an op that
   would need one gets no value rather than changing what the graph assumes). These
@@ -33,6 +33,8 @@ annotated on a replacement graph's node is kept where its inputs are unchanged.
 from __future__ import annotations
 
 import operator
+import os
+import re
 import threading
 import types
 import weakref
@@ -70,8 +72,12 @@ _TENSORS = _ids(FakeTensor, torch.Tensor, nn.Parameter)
 _OWN_NAMESPACE = "fxopt"  # fxopt's own ops (torch.ops.fxopt.*): their fake kernels are ours
 #: ops whose output shape or value depends on data: a fake run invents unbacked symbols
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
-#: where torch itself registers Python Meta kernels; any other Python registration is a user's
-_TORCH_META_SOURCES = ("_meta_registrations.py", "/_refs/", "/_prims/", "/_decomp/", "/_prims_common/")
+#: a dispatcher table line of an active kernel (or of the schema, ``debug``), with the file
+#: that registered it
+_ACTIVE_KERNEL = re.compile(r"^[\w\[\]]+: registered at (.+?):\d+")
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+#: torch.library's own files: what they register, they register on a caller's behalf
+_TORCH_REGISTRARS = (os.path.join(_TORCH_DIR, "library.py"), os.path.join(_TORCH_DIR, "_library") + os.sep)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
 
 
@@ -164,13 +170,17 @@ class _Values:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
-def _torch_meta_kernel(op: torch._ops.OpOverload) -> bool:
-    """Whether ``op``'s active Meta kernel (if any) is torch's: compiled, or registered by
-    torch's own Python (meta registrations, refs, prims, decompositions)."""
+def _torch_kernels(op: torch._ops.OpOverload) -> bool:
+    """Whether every active kernel of ``op`` is compiled or registered by torch's own Python
+    (meta registrations, refs): a kernel registered through ``torch.library`` from anyone
+    else's code (``lib.impl("neg", f, "Meta")``) is recorded as registered there."""
     for line in torch._C._dispatch_dump(op.name()).splitlines():
-        if line.startswith("Meta:"):
-            source = line.partition("registered at ")[2].split(":")[0]
-            return not source.endswith(".py") or any(s in source for s in _TORCH_META_SOURCES)
+        found = _ACTIVE_KERNEL.match(line)
+        if found is None:
+            continue
+        source = os.path.normpath(found.group(1))
+        if source.endswith(".py") and (not source.startswith(_TORCH_DIR) or source.startswith(_TORCH_REGISTRARS)):
+            return False
     return True
 
 
@@ -190,7 +200,7 @@ def _torch_owned(op: torch._ops.OpOverload) -> bool:
         if entry is not None and (entry.fake_impl.kernel is not None
                                   or entry.torch_dispatch_rules.find(FakeTensorMode) is not None):
             return False
-    return _torch_meta_kernel(op)
+    return _torch_kernels(op)
 
 
 class _TorchCodeOnly(TorchDispatchMode):
