@@ -43,6 +43,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+import torch._prims  # noqa: F401 - torch's prims, whose fake kernels are torch's own
 import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.pattern import lookup_attr
@@ -195,8 +196,9 @@ def _torch_owned(op: torch._ops.OpOverload) -> bool:
     if op.namespace != "aten" or getattr(op, "_defined_in_python", False):
         return False
     schema = op._schema
+    registered = getattr(_python_kernels, "get", None) or _python_kernels.find  # no get: older torch
     for qualname in (schema.name, f"{schema.name}.{schema.overload_name}"):
-        entry = _python_kernels.get(qualname)
+        entry = registered(qualname)
         if entry is not None and (entry.fake_impl.kernel is not None
                                   or entry.torch_dispatch_rules.find(FakeTensorMode) is not None):
             return False
