@@ -39,7 +39,7 @@ import threading
 import types
 import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -275,7 +275,7 @@ def _safe_target(node: fx.Node) -> bool:
 
 
 _SKIP = object()
-_PLAIN_ATTRIBUTE = (int, float, bool)
+_NUMBERS = _ids(int, float, bool)  # attributes that are their own value (a constant a replacement reads)
 
 
 def _evaluate(gm: fx.GraphModule, node: fx.Node, values: _Values, invalid: set[fx.Node]) -> Any:
@@ -283,7 +283,7 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node, values: _Values, invalid: set[f
         value = lookup_attr(gm, node.target)
         if id(type(value)) in _TENSORS:
             return values(value)
-        return value if type(value) in _PLAIN_ATTRIBUTE else _SKIP
+        return value if id(type(value)) in _NUMBERS else _SKIP
     if not _safe_target(node) or any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
         return _SKIP
     writes = bool(mutated_inputs(node))
@@ -304,7 +304,7 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
     inputs = [i.meta.get("val") for n in created for i in n.all_input_nodes if i not in mine]
     mode = _mode_for(gm.graph, inputs)
     invalid: set[fx.Node] = set()
-    with _evaluating(mode) if mode is not None else ExitStack():
+    with _evaluating(mode) if mode is not None else nullcontext():
         values = None if mode is None else _Values(mode)
         for node in created:
             value = _SKIP
