@@ -146,10 +146,11 @@ def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
 
 class _Values:
     """The fake values an op runs on: the inputs' own (a real tensor converted once per
-    mode), or for an op that writes in place, fresh fake copies of them."""
+    mode), or for an op that writes in place, fresh fake copies of them; and the guard
+    they run under."""
 
-    def __init__(self, mode: FakeTensorMode):
-        self.mode = mode
+    def __init__(self, mode: FakeTensorMode, guard: _TorchCodeOnly):
+        self.mode, self.guard = mode, guard
         self.own: dict[int, Any] = {}
         self.copies: dict[int, Any] = {}
 
@@ -207,10 +208,21 @@ def _torch_owned(op: torch._ops.OpOverload) -> bool:
 
 class _TorchCodeOnly(TorchDispatchMode):
     """Refuses, as it is dispatched, any op whose fake run would execute someone else's
-    Python (see :func:`_torch_owned`)."""
+    Python (see :func:`_torch_owned`). Registrations cannot change while it is active
+    (only torch's code runs), so each op's verdict is worked out once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: dict[torch._ops.OpOverload, bool] = {}
+
+    def owned(self, op: torch._ops.OpOverload) -> bool:
+        verdict = self.verdicts.get(op)
+        if verdict is None:
+            verdict = self.verdicts[op] = _torch_owned(op)
+        return verdict
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not _torch_owned(func):
+        if not self.owned(func):
             raise _Unsafe(f"{func} would run code torch does not own")
         return func(*args, **(kwargs or {}))
 
@@ -219,7 +231,7 @@ _LOCK = threading.Lock()
 
 
 @contextmanager
-def _evaluating(mode: FakeTensorMode) -> Iterator[None]:
+def _evaluating(mode: FakeTensorMode) -> Iterator[_TorchCodeOnly]:
     """Run ops for their fake values only: the user's dispatch modes off, no fallback to
     real kernels, no new guards, every dispatched op checked; the mode's settings restored."""
     shape_env = mode.shape_env
@@ -233,8 +245,7 @@ def _evaluating(mode: FakeTensorMode) -> Iterator[None]:
                                 else _frozen(shape_env))
         stack.enter_context(torch.no_grad())
         stack.enter_context(mode)
-        stack.enter_context(_TorchCodeOnly())
-        yield
+        yield stack.enter_context(_TorchCodeOnly())
 
 
 @contextmanager
@@ -258,7 +269,7 @@ def _torch_method(name: Any) -> bool:
     return isinstance(method, types.FunctionType) and method.__module__.startswith("torch.")
 
 
-def _safe_target(node: fx.Node) -> bool:
+def _safe_target(node: fx.Node, guard: _TorchCodeOnly) -> bool:
     target = node.target
     if node.op == "call_method":
         return _torch_method(target)
@@ -266,7 +277,7 @@ def _safe_target(node: fx.Node) -> bool:
         return False
     kind = type(target)
     if kind is torch._ops.OpOverload:
-        return _torch_owned(target)
+        return guard.owned(target)
     if kind is torch._ops.OpOverloadPacket:  # the overload that runs is checked when dispatched
         return target._qualified_op_name.split("::")[0] in ("aten", "prims", _OWN_NAMESPACE)
     if kind is types.BuiltinFunctionType and getattr(operator, getattr(target, "__name__", ""), None) is target:
@@ -284,7 +295,7 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node, values: _Values, invalid: set[f
         if id(type(value)) in _TENSORS:
             return values(value)
         return value if id(type(value)) in _NUMBERS else _SKIP
-    if not _safe_target(node) or any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
+    if not _safe_target(node, values.guard) or any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
         return _SKIP
     writes = bool(mutated_inputs(node))
     args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: values(n.meta["val"], copy=writes))
@@ -304,8 +315,8 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
     inputs = [i.meta.get("val") for n in created for i in n.all_input_nodes if i not in mine]
     mode = _mode_for(gm.graph, inputs)
     invalid: set[fx.Node] = set()
-    with _evaluating(mode) if mode is not None else nullcontext():
-        values = None if mode is None else _Values(mode)
+    with _evaluating(mode) if mode is not None else nullcontext() as guard:
+        values = None if mode is None else _Values(mode, guard)
         for node in created:
             value = _SKIP
             if values is not None:
