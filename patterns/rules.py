@@ -66,7 +66,8 @@ class Rule:
     constraints: dict[str, Constraint] = field(default_factory=dict)
     where: tuple[Callable[[Match], bool], ...] = ()
     callback: Callable[[Match], bool | None] | None = None
-    #: a replacement chosen per match (torch.fx's ``replacement_callback``)
+    #: a replacement chosen per match (``rule(..., replacement_callback=...)``, torch.fx's
+    #: ``replacement_callback``); wins over ``replacement``
     replacement_for: Callable[[Match], CompiledReplacement] | None = None
 
     def replacement_of(self, m: Match) -> CompiledReplacement:
