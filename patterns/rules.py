@@ -427,8 +427,6 @@ def _as_rule(pattern: Callable | Rule, replacement: PatternSource | None, where:
              replacement_callback: Callable[[Match], PatternSource] | None = None) -> Rule:
     if isinstance(pattern, Rule):
         return pattern
-    if replacement is None and replacement_callback is None:
-        raise PatternError("replace() needs a replacement or a replacement_callback (or pass a Rule)")
     return rule(pattern, replacement, where=where, replacement_callback=replacement_callback, **constraints)
 
 
