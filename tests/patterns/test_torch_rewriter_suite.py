@@ -13,9 +13,12 @@ ops and computes its outputs on fresh random inputs (two draws). Differences:
   leaves ``torch.empty``) so the outputs can be compared with eager.
 - ``..._replaces_referenced_submodules``, ``test_replace_pattern_with_callback``: also
   through the native API (``fp.replace`` with a module replacement, ``fp.rule(...,
-  replacement_callback=...)``), plus a replacement calling a submodule the target lacks.
+  replacement_callback=...)``), plus a replacement calling a submodule the target lacks;
+  ``test_native_replacement_callback_chooses_per_match`` is the native callback's own.
 
-``meta['val']`` tests (upstream's latest revision), through ``replace_pattern``.
+``meta['val']`` tests (upstream's latest revision), through ``replace_pattern``;
+``..._populates_shape_changing_...`` and ``..._populates_common_...`` through
+``fp.replace`` too (the values come from the core, not the shim).
 Assertions on torch's private helpers (``_copy_meta_val``, ``_is_safe_meta_value``,
 ``_is_safe_meta_propagation_target``, ``_meta_execution_context``) are replaced by the
 behaviour they guard, asserted through ``replace_pattern`` or
@@ -784,9 +787,18 @@ def test_replace_pattern_populates_replacement_output_meta_val():
     assert isinstance(val, torch.Tensor) and val.shape == torch.Size([4]) and val.dtype == torch.float32
 
 
-def test_replace_pattern_populates_shape_changing_replacement_meta_val():
+def _replace_once(api, gm, pattern, replacement) -> None:
+    """One rewrite through torch.fx's entry point or fxopt's own."""
+    if api == "native":
+        assert fp.replace(gm, pattern, replacement) == 1
+    else:
+        assert len(replace_pattern(gm, pattern, replacement)) == 1
+
+
+@pytest.mark.parametrize("api", ["replace_pattern", "native"])
+def test_replace_pattern_populates_shape_changing_replacement_meta_val(api):
     gm = _export(_Relu(), torch.randn(2, 3))
-    assert len(replace_pattern(gm, _relu, lambda x: aten.reshape.default(x, [6]))) == 1
+    _replace_once(api, gm, _relu, lambda x: aten.reshape.default(x, [6]))
     val = _node(gm, aten.reshape.default).meta.get("val")
     assert isinstance(val, torch.Tensor) and val.shape == torch.Size([6])
     # a view of the input, as FakeTensor propagation gives: it shares the input's storage
@@ -794,7 +806,8 @@ def test_replace_pattern_populates_shape_changing_replacement_meta_val():
     assert val.untyped_storage()._cdata == input_val.untyped_storage()._cdata
 
 
-def test_replace_pattern_populates_common_replacement_meta_val():
+@pytest.mark.parametrize("api", ["replace_pattern", "native"])
+def test_replace_pattern_populates_common_replacement_meta_val(api):
     cases = [(lambda x: x * x, operator.mul, [2, 3]),
              (lambda x: torch.mul(x, x), torch.mul, [2, 3]),
              (lambda x: aten.mul(x, x), aten.mul, [2, 3]),
@@ -811,7 +824,7 @@ def test_replace_pattern_populates_common_replacement_meta_val():
              (lambda x: torch.sin(x), torch.sin, [2, 3])]
     for replacement, target, shape in cases:
         gm = _export(_Neg(), torch.randn(2, 3))
-        assert len(replace_pattern(gm, _neg, replacement)) == 1
+        _replace_once(api, gm, _neg, replacement)
         val = _node(gm, target).meta.get("val")
         assert isinstance(val, torch.Tensor) and val.shape == torch.Size(shape), target
 
