@@ -120,7 +120,7 @@ def _modes(values: Iterable[Any]) -> list[FakeTensorMode]:
     for value in values:
         try:
             _walk(value, visit, {}, set())
-        except _Unsafe:
+        except (_Unsafe, RecursionError):  # values never evaluated; too deep to walk
             pass
     return list(found.values())
 
@@ -227,7 +227,7 @@ class _TorchCodeOnly(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 @contextmanager

@@ -1081,6 +1081,14 @@ def test_replace_pattern_meta_copy_skips_cyclic_metadata():
     _placeholders(gm)[0].meta["val"] = cyclic_meta
     assert len(replace_pattern(gm, _relu, _neg)) == 1
     assert "val" not in _node(gm, aten.neg.default).meta
+    # nested deeper than Python's recursion limit: skipped too, the rewrite still happens
+    deep = [torch.randn(2, 3)]
+    for _ in range(5000):
+        deep = [deep]
+    gm = symbolic_trace(_Relu())
+    _placeholders(gm)[0].meta["val"] = deep
+    assert len(replace_pattern(gm, _relu, _neg)) == 1
+    assert "val" not in _node(gm, aten.neg.default).meta
 
 
 def test_replace_pattern_meta_copy_does_not_inspect_custom_metaclass():
