@@ -76,7 +76,7 @@ _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_sha
 #: a dispatcher table line of an active kernel (or of the schema, ``debug``), with the file
 #: that registered it
 _ACTIVE_KERNEL = re.compile(r"^[\w\[\]]+: registered at (.+?):\d+")
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TORCH_DIR = os.path.normpath(os.path.dirname(torch.__file__)) + os.sep
 #: torch.library's own files: what they register, they register on a caller's behalf
 _TORCH_REGISTRARS = (os.path.join(_TORCH_DIR, "library.py"), os.path.join(_TORCH_DIR, "_library") + os.sep)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
