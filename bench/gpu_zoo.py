@@ -322,7 +322,7 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
     for variant in (*VARIANTS, *extra):
         stats: dict[str, Any] = {}
         try:
-            fresh_cache_dir(cache_root, f"{name}-{layout}-{variant}")
+            fresh_cache_dir(cache_root, "shared" if args.shared_cache else f"{name}-{layout}-{variant}")
             fn, context = make_variant(variant, model, stats)
             with torch.no_grad(), context():
                 if device == "cuda":
@@ -500,6 +500,8 @@ def main() -> None:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="also time every variant with torch.backends.cudnn.benchmark on")
     parser.add_argument("--profile", default=None, help="text file for torch.profiler tables of one call each")
+    parser.add_argument("--shared-cache", action="store_true",
+                        help="one Inductor cache for every variant (faster; compile_s then is no cold compile)")
     parser.add_argument("--budget-s", type=float, default=540, help="skip models once this is spent")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny else "cuda"

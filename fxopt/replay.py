@@ -202,7 +202,7 @@ class ReplayLog:
     in_capture: int = 0
 
     def __str__(self) -> str:
-        lines = [f"{status}: {shape}" for shape, status in self.shapes.items()]
+        lines = [f"{shape}: {status}" for shape, status in self.shapes.items()]
         lines.append(f"{self.evictions} eviction(s), {self.at_bound} call(s) plain at the bound of "
                      f"{self.bound} shapes, {self.in_capture} call(s) inside the caller's capture")
         return "\n".join(lines)
