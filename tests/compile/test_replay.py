@@ -284,12 +284,18 @@ def test_random_graphs_are_not_replayed_and_stay_random():
     assert not torch.equal(outs[2], outs[3])
 
 
-@cuda
-def test_cuda_graphs_false_turns_replay_off():
-    _, fn, reports = compiled_block(cuda_graphs=False)
+@pytest.mark.parametrize("options, reason", [
+    ({"cuda_graphs": False}, "cuda_graphs=False"),
+    ({"mode": "reduce-overhead"}, "Inductor captures its own CUDA graphs (mode='reduce-overhead')"),
+])
+def test_the_backend_says_when_replay_is_switched_off(options, reason):
+    """Decided at compile time, before the inputs' device is looked at: the same on CPU."""
+    reports: list = []
+    model, x = Block().eval(), torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        fn(torch.randn(4, 3, 16, 16, device="cuda"))
-    assert [r.no_replay for r in reports] == ["cuda_graphs=False"]
+        out = torch.compile(model, backend="fxopt", options={"reports": reports, **options})(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert [r.no_replay for r in reports] == [reason] and reports[0].replay is None
 
 
 @cuda
