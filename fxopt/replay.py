@@ -63,7 +63,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from fxopt.analysis import ops
 from fxopt.analysis.alias import storages_of
 
-__all__ = ["GraphReplay", "ReplayLog", "ShapeCache", "refusal", "signature"]
+__all__ = ["GraphReplay", "ReplayLog", "ShapeBook", "ShapeCache", "refusal", "signature"]
 
 
 def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool) -> str | None:
@@ -228,14 +228,51 @@ class _Capture:
         self.graph, self.inputs, self.outputs = None, [], None
 
 
+class ShapeBook:
+    """The call signatures a :class:`GraphReplay` has seen: the captures kept (a
+    :class:`ShapeCache`) and what ran for each (a :class:`ReplayLog`). Needs no GPU."""
+
+    def __init__(self, bound: int):
+        self.cache: ShapeCache[tuple, _Capture] = ShapeCache(bound)
+        self.log = ReplayLog(bound)
+
+    def lookup(self, key: tuple) -> tuple[_Capture | None, bool]:
+        """The state kept for ``key`` and whether this is its first call (which runs plainly:
+        it compiles and tunes; the second captures); ``(None, False)`` when the cache refuses
+        the signature (full, and the signature was evicted before): it runs plainly."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            return entry, False
+        description = describe(key)
+        if not self.cache.admits(key):
+            self.log.at_bound += 1
+            self.log.shapes[description] = (f"plain: the cache of {self.cache.bound} captured shapes is full "
+                                            f"and this shape was evicted before (raise replay_shapes)")
+            if self.log.at_bound == 1:
+                warnings.warn(f"fxopt backend: more call shapes than replay_shapes={self.cache.bound} keep "
+                              f"coming back; shapes beyond the bound run with plain launches", RuntimeWarning,
+                              stacklevel=4)
+            return None, False
+        entry = _Capture(description)
+        evicted = self.cache.insert(key, entry)
+        if evicted is not None:
+            evicted[1].release()
+            self.log.evictions += 1
+            self.log.shapes[evicted[1].description] = "evicted (least recently used)"
+        self.log.shapes[description] = "first call: plain (compiles); captured at the next call"
+        while len(self.log.shapes) > self.cache.bound + self.cache.memory:
+            del self.log.shapes[next(iter(self.log.shapes))]
+        return entry, True
+
+
 class GraphReplay:
     """``compiled`` (a function of CUDA tensors and sizes) run by replaying CUDA graphs of
     it, one per call signature, at most ``max_shapes`` at a time (see the module's doc)."""
 
     def __init__(self, compiled: Callable, *, max_shapes: int = 8):
         self.compiled = compiled
-        self.cache: ShapeCache[tuple, _Capture] = ShapeCache(max_shapes)
-        self.log = ReplayLog(max_shapes)
+        self.book = ShapeBook(max_shapes)
+        self.log = self.book.log
         self.pool: Any = None  # one memory pool for every capture, made at the first
         self.stream: torch.cuda.Stream | None = None  # where the last replay ran
 
@@ -246,37 +283,12 @@ class GraphReplay:
         key = signature(args)
         if key is None:  # not a call Dynamo makes (it passes tensors and sizes): run as is
             return self.compiled(*args)
-        entry = self.cache.get(key)
-        if entry is None:
-            return self._first_call(key, args)
+        entry, first = self.book.lookup(key)
+        if entry is None or first or entry.plain is not None:
+            return self.compiled(*args)
         if entry.graph is not None:
             return self._replay(entry, args)
-        if entry.plain is not None:
-            return self.compiled(*args)
         return self._capture(entry, args)
-
-    def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
-        """Run plainly (this signature's first call compiles and tunes); remember the
-        signature so that its second call captures, unless the cache refuses it."""
-        description = describe(key)
-        if not self.cache.admits(key):
-            self.log.at_bound += 1
-            self.log.shapes[description] = (f"plain: the cache of {self.cache.bound} captured shapes is full "
-                                            f"and this shape was evicted before (raise replay_shapes)")
-            if self.log.at_bound == 1:
-                warnings.warn(f"fxopt backend: more call shapes than replay_shapes={self.cache.bound} keep "
-                              f"coming back; shapes beyond the bound run with plain launches", RuntimeWarning,
-                              stacklevel=3)
-            return self.compiled(*args)
-        evicted = self.cache.insert(key, _Capture(description))
-        if evicted is not None:
-            evicted[1].release()
-            self.log.evictions += 1
-            self.log.shapes[evicted[1].description] = "evicted (least recently used)"
-        self.log.shapes[description] = "first call: plain (compiles); captured at the next call"
-        while len(self.log.shapes) > self.cache.bound + self.cache.memory:
-            del self.log.shapes[next(iter(self.log.shapes))]
-        return self.compiled(*args)
 
     def _replay(self, entry: _Capture, args: Sequence[Any]) -> Any:
         stream = torch.cuda.current_stream()

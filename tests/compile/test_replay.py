@@ -16,7 +16,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import fxopt
 from fxopt.errors import PassOptionError
-from fxopt.replay import ShapeCache, describe, refusal, signature
+from fxopt.replay import ShapeBook, ShapeCache, describe, refusal, signature
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -188,6 +188,29 @@ def test_the_shape_cache_remembers_a_bounded_number_of_evicted_keys():
     assert list(cache.evicted) == ["b", "c"] and cache.admits("a")
     with pytest.raises(ValueError, match="at least one"):
         ShapeCache(0)
+
+
+def test_the_book_logs_first_calls_evictions_and_the_bound_with_a_warning():
+    """What GraphReplay runs for each signature, decided without a GPU: first calls run
+    plainly; a new shape evicts the least recently used; an evicted shape coming back to a
+    full cache runs plainly, visibly (a warning, once, and the log)."""
+    book = ShapeBook(2)
+    keys = [signature([torch.empty(b, 4)]) for b in (2, 3, 4)]
+    entry, first = book.lookup(keys[0])
+    assert first and book.lookup(keys[0]) == (entry, False)  # the second call: capture it
+    book.lookup(keys[1])
+    book.lookup(keys[2])  # evicts keys[0]
+    with pytest.warns(RuntimeWarning, match="replay_shapes=2"):
+        assert book.lookup(keys[0]) == (None, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per graph
+        assert book.lookup(keys[0]) == (None, False)
+    log = book.log
+    assert (log.evictions, log.at_bound, log.in_capture) == (1, 2, 0)
+    assert list(log.shapes) == [describe(k) for k in keys]
+    assert log.shapes[describe(keys[0])].startswith("plain: the cache of 2 captured shapes is full")
+    assert log.shapes[describe(keys[2])].startswith("first call: plain")
+    assert "1 eviction(s), 2 call(s) plain at the bound of 2 shapes" in str(log)
 
 
 def test_training_and_cpu_inputs_are_refused():
