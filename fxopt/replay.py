@@ -216,7 +216,7 @@ PLAIN_MARGIN = 0.03
 
 @dataclass
 class _Capture:
-    """One signature's state: calls so far, then its CUDA graph or why it runs plainly."""
+    """One signature's state: its CUDA graph once captured, or why it runs plainly."""
 
     description: str
     graph: torch.cuda.CUDAGraph | None = None
