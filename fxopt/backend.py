@@ -27,10 +27,11 @@ Training graphs are never frozen and inference-only passes are skipped on them, 
 line in the report.
 
 CUDA graphs. A compiled inference graph whose replay the caller could not tell from a
-plain call (see :mod:`fxopt.replay`) is replayed as a CUDA graph from its third call on:
-on conv nets, plain launches are bound by host time, which fusing kernels does not cut.
-``cuda_graphs=False`` turns it off; ``CompiledGraph.no_replay`` says why a graph is not
-replayed.
+plain call (see :mod:`fxopt.replay`) is replayed as CUDA graphs, one per call shape (at
+most ``replay_shapes``), from the second call of each shape on: on conv nets, plain
+launches are bound by host time, which fusing kernels does not cut. ``cuda_graphs=False``
+turns it off; ``CompiledGraph.no_replay`` says why a graph is not replayed at all, and
+``CompiledGraph.replay`` what ran for each shape.
 
 Failure policy. Unknown options raise :class:`~fxopt.errors.PassOptionError` naming them.
 A pass that fails on a graph does not break the user's ``torch.compile``: that graph is
@@ -62,7 +63,7 @@ from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass, PassResult
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
-from fxopt.replay import GraphReplay
+from fxopt.replay import GraphReplay, ReplayLog
 from fxopt.replay import refusal as replay_refusal
 from fxopt.report import Report
 from fxopt.snapshot import GraphSnapshot
@@ -110,6 +111,9 @@ class BackendOptions:
     mode: str | None = None
     #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.replay)
     cuda_graphs: bool = True
+    #: the most call shapes of one graph kept captured as CUDA graphs (least recently used
+    #: evicted); each holds its input buffers and outputs in the graph's memory pool
+    replay_shapes: int = 8
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
@@ -125,6 +129,9 @@ class BackendOptions:
         for key in ("freeze", "strict", "verify", "cuda_graphs"):
             if key in options and not isinstance(options[key], bool):
                 raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
+        shapes = options.get("replay_shapes", 1)
+        if not isinstance(shapes, int) or isinstance(shapes, bool) or shapes < 1:
+            raise PassOptionError(_BACKEND, "replay_shapes", f"expected an int >= 1, got {shapes!r}")
         if options.get("reports") is not None and not isinstance(options["reports"], list):
             raise PassOptionError(_BACKEND, "reports", "expected a list to append reports to")
         inductor = options.get("inductor") or {}
@@ -194,9 +201,11 @@ class CompiledGraph:
     fallback: str | None = None
     #: (Inductor hook, report) of every ATen-level pipeline run for this graph
     aten_reports: list[tuple[str, Report]] = field(default_factory=list)
-    #: why the compiled graph is not replayed as a CUDA graph, or None when it is (set at
-    #: compile time, or at the capturing second call if replay is given up then)
+    #: why the compiled graph is never replayed as a CUDA graph (set at compile time), or None
     no_replay: str | None = None
+    #: when it may be: what ran for each call shape and why (replayed, plain and why,
+    #: evictions, calls beyond the bound), updated as calls come
+    replay: ReplayLog | None = None
 
 
 # --- the backend ---------------------------------------------------------------------
@@ -258,24 +267,29 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             raise
         return _fallback(gm, example_inputs, opts, training, name, exc)
     record = CompiledGraph(name, training, frozen, report, work.code)
-    if opts.reports is not None:
-        opts.reports.append(record)
     patches = opts.inductor_patches(frozen=constant, training=training, sink=record.aten_reports)
     try:
         compiled = compile_fx(work, [example_inputs[i] for i in keep], config_patches=patches)
     except Exception as exc:
-        if opts.strict:
+        # Dynamo's request to trace the frame again (e.g. to specialize a float that a
+        # dynamic size divides) is no failure: the backend is called anew
+        if opts.strict or isinstance(exc, torch._dynamo.exc.RestartAnalysis):
             raise
+        if opts.reports is not None:
+            opts.reports.append(record)
         changed = [r.name for _, r in report.walk() if r.changed and not r.children]
         reason = f"Inductor failed on the rewritten graph (passes that changed it: {changed}): " \
                  f"{type(exc).__name__}: {exc}"
         record.fallback = reason
         _warn(name, reason)
         return _plain_inductor(gm, example_inputs, opts, training)
+    if opts.reports is not None:
+        opts.reports.append(record)
     kept = [example_inputs[i] for i in keep]
     record.no_replay = _no_replay(work, kept, training, opts, patches)
     if record.no_replay is None:
-        compiled = GraphReplay(compiled, kept, given_up=lambda why: setattr(record, "no_replay", why))
+        compiled = GraphReplay(compiled, max_shapes=opts.replay_shapes)
+        record.replay = compiled.log
     return _dropping_frozen_args(compiled, keep, len(example_inputs))
 
 
