@@ -5,7 +5,7 @@ and the qint8/quint8 tensor dtypes are deprecated. Every op here works on plain 
 tensors with explicit scales, so a quantized graph is an ordinary graph that
 ``torch.export``, ``make_fx`` and ``torch.compile(fullgraph=True)`` all accept.
 
-Two kinds of op:
+Three kinds of op:
 
 - *Decomposing* ops (``quantize``, ``dequantize``, ``dynamic_scale``,
   ``int8_dynamic_linear``, ``int8_linear``) are registered as ``CompositeImplicitAutograd``: their Python
@@ -17,11 +17,16 @@ Two kinds of op:
   elsewhere their aten definitions (``torch._int_mm`` and the scaling). Opaque because
   Inductor's freezing passes rewrite a visible ``_int_mm -> mul -> mul`` into CPU-only
   oneDNN ops, and its fused per-token reduction is slow on wide rows (``fxopt.quant.int8_mm``).
-- ``int8_weight_only_linear`` and ``int4_weight_only_linear`` are *opaque*: on CUDA they
-  run Triton kernels that read the int8 (int4) weight and dequantize it in registers (no
-  dequantized weight is ever written), elsewhere their reference definition, e.g.
-  ``F.linear(x, w.to(x.dtype)) * scale``. Fake impls let graphs holding them compile with
-  ``fullgraph=True``.
+- ``int8_weight_only_linear``, ``int8_weight_only_swiglu`` and ``int4_weight_only_linear``
+  are ``torch.library.triton_op``s: on CUDA they launch Triton kernels that read the int8
+  (int4) weight and dequantize it in registers (no dequantized weight is ever written),
+  elsewhere they compute their reference definition, e.g.
+  ``F.linear(x, w.to(x.dtype)) * scale``. Under ``torch.compile`` AOTAutograd inlines
+  them, so Inductor compiles those kernels (or, on CPU, the reference's aten ops) into its
+  own generated code and launches them without a Python op call; ``torch.export`` keeps
+  them whole. The same function is their fake impl, with M symbolic where the graph is
+  dynamic (the kernel configuration then guards on M's bucket, see
+  ``fxopt.quant.int8_configs``). Gradients flow to the activation and the bias.
 
 Scales and zero points are stored already shaped to broadcast against the tensor they
 describe (``[]`` per tensor, ``[N, 1]`` per output channel of a ``[N, K]`` weight), so one
