@@ -8,13 +8,14 @@ pre-RMSNorm + residual), quantized with default options: ``int8_weight_only``, t
 serving order, M = 256 (prefill), then M = 1 repeatedly (decode), then 16 and 4, then the
 rest of ``--ms``; the first call at each M is timed (compiling included, warm process), then
 each M is timed with plain Python calls (``triton.testing.do_bench``, median; no CUDA
-graph unless the variant makes one itself). Variants, all with Inductor's global
-``freezing`` flag (what "+ freezing" means below), side by side in one process:
+graph unless the variant makes one itself). Variants, side by side in one process (the bf16
+ones compiled with Inductor's global ``freezing`` flag, the quantized ones without):
 
 - ``bf16``: ``torch.compile(model)``; ``bf16 ro``: ``mode="reduce-overhead"`` (the baselines);
 - ``int8 compile``: ``torch.compile(q)``, the plain route; ``int8 ro``: ``mode="reduce-overhead"``;
 - ``int8 fxopt``: ``torch.compile(q, backend="fxopt")``;
-- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size), with ``--int4``;
+- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size), with ``--int4``
+  (``--int4-sweep`` first sweeps the int4 GEMV's configurations at M = 1 and uses the fastest);
 - ``torchao``: ``Int8WeightOnlyConfig`` + ``torch.compile``, where torchao imports.
 
 Before timing: SQNR of each quantized variant against the fp32 model and the int8 compiled
@@ -129,10 +130,9 @@ def torchao_model(model: nn.Module):
         return None, f"torchao quantize_ failed: {type(exc).__name__}: {exc}"
 
 
-#: int4 launch configurations swept at M = 1: the GEMV's (BLOCK_N, warps, stages), and the
-#: swap-AB GEMM's with 16-row tiles
-INT4_GEMV = [(8, 4, 1), (16, 4, 1), (16, 4, 3), (32, 4, 3), (32, 8, 3), (64, 8, 3), (8, 2, 3), (16, 2, 3)]
-INT4_GEMM = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3)]
+#: int4 GEMV launch configurations swept at M = 1: (BLOCK_N, GROUPS, warps, stages)
+INT4_GEMV = [(8, 4, 4, 1), (8, 2, 4, 2), (16, 2, 4, 2), (16, 4, 4, 1), (4, 8, 4, 1), (8, 8, 4, 1),
+             (32, 2, 8, 2), (16, 8, 8, 1), (8, 4, 2, 2), (4, 4, 2, 2)]
 
 
 def _rotated_us(call, weights: list) -> float:
@@ -155,9 +155,8 @@ def int4_sweep() -> list[dict]:
     def int4(x, group, kernel, config, packed):
         return tk.int4_weight_only_linear(x, *packed, group, None, kernel, config)
 
-    configs = [("gemv", {"BLOCK_N": bn, "num_warps": w, "num_stages": st}) for bn, w, st in INT4_GEMV]
-    configs += [("gemm", {"BLOCK_N": bn, "BLOCK_M": 16, "num_warps": w, "num_stages": st})
-                for bn, w, st in INT4_GEMM]
+    configs = [("gemv", {"BLOCK_N": bn, "GROUPS": gi, "num_warps": w, "num_stages": st})
+               for bn, gi, w, st in INT4_GEMV]
     rows = []
     for n, k in ((HIDDEN, D), (D, HIDDEN)):
         group = 128 if k % 128 == 0 else 64
@@ -234,14 +233,26 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
     variants = args.variants.split(",") + (["int4 compile"] if args.int4 else [])
-    torch._inductor.config.freezing = True
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ms": ms,
               "serving_order": SERVING, "variants": {}}
     import triton
     result["triton"] = triton.__version__
 
     if args.int4_sweep:
-        result["int4_sweep_m1"] = int4_sweep()
+        # the configuration fastest over the stack's layers (gate, up: 11008x4096; down:
+        # 4096x11008) becomes the int4 GEMV's for the int4 variant below
+        result["int4_sweep_m1"] = sweep = int4_sweep()
+        from fxopt.quant import triton_kernels as tk
+
+        def stack_us(config: dict) -> float:
+            times = {r["K"]: r.get("us", float("inf")) for r in sweep if r["config"] == config}
+            return 2 * times[D] + sum(t for k, t in times.items() if k != D)
+
+        best = min((r["config"] for r in sweep), key=stack_us)
+        tk.INT4_GEMV_CONFIG.clear()
+        tk.INT4_GEMV_CONFIG.update(best)
+        result["int4_gemv_config"] = best
+        log("int4 GEMV config for the stack:", best)
     model = float_model()
     q = quantized(model)
     q4 = quantized(model, "int4_weight_only") if args.int4 else None
@@ -277,6 +288,9 @@ def main() -> None:
         row = result["variants"].setdefault(name, {})
         try:
             torch._dynamo.reset()
+            # the bf16 baselines with freezing; the quantized variants as a user compiles them
+            # (freezing would fold the dequantized weight of the M > 256 route into a constant)
+            torch._inductor.config.freezing = name.startswith("bf16")
             fn = builders[name]()
             if fn is None:
                 row["error"] = why

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fxopt.analysis.ops import declare_op
+from fxopt.quant import int8_configs
 from fxopt.quant.formats import INT8_SYMMETRIC_MAX, unpack_int4
 
 _LIB = torch.library.Library("fxopt_quant", "DEF")
@@ -66,8 +67,14 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
 
 def _runs_triton(x: Tensor) -> bool:
     """Whether a weight-only op on ``x`` runs its Triton kernels (CUDA with triton
-    installed) rather than its reference definition."""
-    return x.device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    installed, at most ``int8_configs.M_BUCKETS[-1]`` rows) rather than its reference
+    definition. Above that many rows a GEMM is bound by compute, not by reading the weight,
+    and the reference (the weight dequantized by one pointwise kernel, then cuBLAS) beat
+    fxopt's mixed-input Triton GEMM on an H100 (bench/RESULTS.md); the row count's bucket
+    guards a graph compiled for dynamic M."""
+    if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return False
+    return int8_configs.m_bucket(x.numel() // max(x.shape[-1], 1)) != int8_configs.LARGE_M
 
 
 def _triton_op(name: str):

@@ -50,8 +50,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fxopt.quant import int8_configs
 from fxopt.quant.int8_configs import GEMV_MAX_M, Candidate, Config, candidates
 
-#: the largest M at which the int4 kernels run their GEMV (picked by M alone, not tuned)
-INT4_GEMV_MAX_M = 2
+#: the largest M at which the int4 kernels run their GEMV (one program per row and block of
+#: channels, so it reads the weight once per row; picked by M alone, not tuned)
+INT4_GEMV_MAX_M = 1
 
 
 @triton.jit
@@ -282,7 +283,8 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
     tests) nothing is timed or read from disk: the choice by shape."""
     m, k = x2d.shape
     bucket = int8_configs.m_bucket(m)
-    key = (bucket, w.shape[0], k, x2d.dtype, bias is not None, kind, gated)
+    # the weight's shape is concrete to choose by (int() specializes a symbolic one)
+    key = (bucket, int(w.shape[0]), int(k), x2d.dtype, bias is not None, kind, gated)
     # tuning switched on later must not be answered by an untuned pick of this process
     memo_key = (key, int8_configs.tuning_enabled())
     if memo_key not in _TUNED:
@@ -322,30 +324,34 @@ def _int4_to(p, dtype: tl.constexpr):
 
 @triton.jit
 def _gemv_int4(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-               stride_ym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               GROUP: tl.constexpr):
+               stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+               GROUPS: tl.constexpr):
     # w is [N, K/2] uint8: within each group of GROUP values, byte j holds element j (low
-    # nibble) and element j + GROUP/2 (high); one iteration is one group, one scale per row
+    # nibble) and element j + GROUP/2 (high). Program (n block, row) reads GROUPS groups
+    # per iteration (enough bytes in flight per thread) with one scale each.
     HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, HALF)
+    row = tl.program_id(1)
+    rg = tl.arange(0, GROUPS)
+    rj = tl.arange(0, HALF)
     n_mask = rn < N
-    m_mask = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N, HALF), dtype=tl.float32)
-    for g in tl.range(0, K // GROUP):
-        p = tl.load(w_ptr + rn[:, None] * stride_wn + g * HALF + rk[None, :], mask=n_mask[:, None], other=0)
-        s = tl.load(s_ptr + rn * stride_sn + g, mask=n_mask, other=0.0)
+    n_groups = K // GROUP
+    acc = tl.zeros((BLOCK_N, GROUPS, HALF), dtype=tl.float32)
+    for g0 in tl.range(0, n_groups, GROUPS):
+        g = g0 + rg
+        g_ok = g < n_groups
+        p = tl.load(w_ptr + rn[:, None, None] * stride_wn + (g * HALF)[None, :, None] + rj[None, None, :],
+                    mask=n_mask[:, None, None] & g_ok[None, :, None], other=0)
+        s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None] & g_ok[None, :], other=0.0)
         lo, hi = _int4_to(p, tl.float32)
-        x_ptrs = x_ptr + rm[:, None] * stride_xm + g * GROUP + rk[None, :]
-        x_lo = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
-        x_hi = tl.load(x_ptrs + HALF, mask=m_mask[:, None], other=0.0).to(tl.float32)
-        acc += (x_lo[:, None, :] * lo[None, :, :] + x_hi[:, None, :] * hi[None, :, :]) * s[None, :, None]
-    out = tl.sum(acc, axis=2)
+        x_ptrs = x_ptr + row * stride_xm + (g * GROUP)[:, None] + rj[None, :]
+        x_lo = tl.load(x_ptrs, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        x_hi = tl.load(x_ptrs + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        acc += (lo * x_lo[None, :, :] + hi * x_hi[None, :, :]) * s[:, :, None]
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
-        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -391,8 +397,9 @@ def int4_config(bucket: int, kernel: str | None = None) -> tuple[str, dict[str, 
                     "num_warps": 4 if block_m <= 64 else 8, "num_stages": 3}
 
 
-#: the int4 GEMV's launch configuration (BLOCK_N output channels per program)
-INT4_GEMV_CONFIG = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 3}
+#: the int4 GEMV's launch configuration: BLOCK_N output channels per program, GROUPS groups
+#: of K per iteration
+INT4_GEMV_CONFIG = {"BLOCK_N": 8, "GROUPS": 4, "num_warps": 4, "num_stages": 1}
 
 
 def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
@@ -461,8 +468,8 @@ def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: in
     meta = config or default
     args = (x2d, w, scales, b, y, m, n, k, x2d.stride(0), w.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
-        _traced(_gemv_int4)[(triton.cdiv(n, meta["BLOCK_N"]),)](
-            *args, HAS_BIAS=bias is not None, BLOCK_M=bucket, GROUP=group_size, **meta)
+        _traced(_gemv_int4)[(triton.cdiv(n, meta["BLOCK_N"]), m)](
+            *args, HAS_BIAS=bias is not None, GROUP=group_size, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         _traced(_gemm_int4)[(triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),)](
