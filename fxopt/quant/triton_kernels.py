@@ -31,8 +31,16 @@ nothing (the on-disk cache, shipped defaults per GPU family, or a choice by shap
 gate's and the up projection's rows of one ``[2N, K]`` weight and stores
 ``silu(gate) * up`` (fxopt.quant.merge's ``fuse_swiglu`` emits it).
 
-This module imports triton: it is loaded only by the CUDA implementation of
-``torch.ops.fxopt_quant.int8_weight_only_linear`` (and by tests in Triton's interpreter).
+int4 (``int4_weight_only_linear``): a GEMV at M = 1 that reads several groups of K per
+iteration (one scale each), and the swap-AB GEMM with one group per iteration above.
+
+Every launch goes through ``torch.library.wrap_triton``: the ops that call these functions
+are ``triton_op``s (:mod:`fxopt.quant.ops`), so under ``torch.compile`` each launch becomes a
+node that Inductor compiles into its own code, and M may be symbolic there: it enters only
+grids and runtime arguments, and the configuration comes from M's bucket.
+
+This module imports triton: it is loaded only by the CUDA implementations of the weight-only
+ops (and by tests in Triton's interpreter).
 """
 
 from __future__ import annotations
