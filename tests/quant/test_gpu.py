@@ -32,9 +32,13 @@ def _int8(rows: int, k: int):
     return w, s, w.float() * s[:, None]
 
 
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype):
+#: bf16 through every M bucket; the other dtypes through two (each bucket is one compile)
+CASES = [(gated, torch.bfloat16, (1, 2, 5, 16, 40, 300, 1030)) for gated in (False, True)] + [
+    (gated, dtype, (5, 40)) for gated in (False, True) for dtype in (torch.float16, torch.float32)]
+
+
+@pytest.mark.parametrize("gated,dtype,ms", CASES)
+def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype, ms):
     n, k = 96, 512
     w, s, wf = _int8(2 * n if gated else n, k)
     bias = torch.randn(w.shape[0], device="cuda", dtype=dtype)
@@ -47,7 +51,7 @@ def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype):
     compiled = torch.compile(lambda x: op(x, w, s, bias), fullgraph=True, dynamic=True)
     with torch.no_grad():
         _, codes = run_and_get_code(compiled, torch.randn(3, k, device="cuda", dtype=dtype))
-        for m in (1, 2, 5, 16, 40, 300, 1030):
+        for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             expected = reference(x)
             assert _sqnr(expected, op(x, w, s, bias)) > 35, m
@@ -56,6 +60,18 @@ def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype):
     assert not re.search(r"fxopt_quant\.\w+\(", code)  # no Python op call left
     assert "_gemv" in code or "_gemm" in code  # fxopt's kernels, compiled into the wrapper
     assert "clone" not in code  # the weight is read where it is, never copied
+
+
+def test_above_256_rows_the_op_is_dequantize_then_cublas():
+    """M > 256: the reference (one pointwise dequantization, then cuBLAS), not the Triton GEMM."""
+    w, s, wf = _int8(96, 512)
+    compiled = torch.compile(lambda x: ops.int8_weight_only_linear(x, w, s, None), fullgraph=True)
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, codes = run_and_get_code(compiled, x)
+    code = "\n".join(codes)
+    assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
+    assert _sqnr(x.float() @ wf.t(), out) > 35
 
 
 def test_int4_weight_only_eager_and_compiled():
