@@ -48,6 +48,7 @@ from fxopt.quant.formats import INT8_SYMMETRIC_MAX, unpack_int4
 
 _LIB = torch.library.Library("fxopt_quant", "DEF")
 
+
 def _define_composite(schema: str, fn) -> None:
     """Define an op whose Python body is its decomposition (see the module docstring)."""
     _LIB.define(schema)
