@@ -52,6 +52,11 @@ def resnet50_workload(batch: int) -> tuple[torch.nn.Module, list[tuple[torch.Ten
 
 def make_step(model: torch.nn.Module, lr: float = 0.01) -> Callable:
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    # momentum buffers made up front (zeros: with dampening 0 the first step is the same):
+    # created inside the first compiled step, Inductor's reduce-overhead leaves them in its
+    # CUDA-graph pool, and the second step fails reading them (torch 2.11)
+    for p in model.parameters():
+        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
@@ -177,7 +182,10 @@ def rng_check() -> dict:
         fn = torch.compile(step, mode=mode)
         x, y = torch.randn(64, 256, device="cuda"), torch.randint(0, 8, (64,), device="cuda")
         torch.manual_seed(123)
-        out[mode] = [float(fn(x, y)) for _ in range(6)]
+        try:
+            out[mode] = [float(fn(x, y)) for _ in range(6)]
+        except Exception as exc:  # noqa: BLE001 - report, and go on to the workloads
+            out[mode] = f"{type(exc).__name__}: {exc}"[:300]
     out["equal"] = out["default"] == out["reduce-overhead"]
     return out
 
