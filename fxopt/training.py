@@ -79,11 +79,6 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     """Why replaying the training-path graph ``gm`` through Inductor's CUDA-graph trees
     could differ from running it (None: it cannot). ``is_state`` says which placeholders
     are parameters or buffers (static addresses that Inductor writes where they are)."""
-    for index, value in enumerate(example_inputs):
-        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return f"input {index} is a symbolic size (dynamic shapes)"
-        if isinstance(value, torch.Tensor) and value.device.type != "cuda":
-            return f"input {index} is on {value.device}"
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     caller_owned = set().union(*(storages_of(_value(n)) for n in placeholders if not is_state(n)))
     for node in gm.graph.nodes:
@@ -103,6 +98,11 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
             if isinstance(leaf, torch.SymInt | torch.SymFloat | torch.SymBool) or (
                     isinstance(leaf, torch.Tensor) and any(not isinstance(s, int) for s in leaf.shape)):
                 return f"node {node.name} has a dynamic shape"
+    for index, value in enumerate(example_inputs):
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return f"input {index} is a symbolic size (dynamic shapes)"
+        if isinstance(value, torch.Tensor) and value.device.type != "cuda":
+            return f"input {index} is on {value.device}"
     return None
 
 
