@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import gc
 import json
 import os
@@ -120,21 +121,20 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
     row: dict[str, Any] = {"wrapping": how, "compiler": compiler}
     sync(device)
     began = time.perf_counter()
-    losses = [step(*batches[0])]
+    losses = [step(*batches[0]).clone()]
     sync(device)
     row["first_call_s"] = time.perf_counter() - began
-    for i in range(1, args.warmup):
-        losses.append(step(*batches[i % len(batches)]))
-    sync(device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # after compiling, before any CUDA-graph recording (see training.py)
         torch.cuda.reset_peak_memory_stats(device)
+    for i in range(1, args.warmup):
+        losses.append(step(*batches[i % len(batches)]).clone())
     times = []
     for _ in range(args.repeats):
         dist.barrier()
         sync(device)
         began = time.perf_counter()
         for i in range(args.steps):
-            losses.append(step(*batches[i % len(batches)]))
+            losses.append(step(*batches[i % len(batches)]).clone())
         sync(device)
         times.append((time.perf_counter() - began) / args.steps)
     # the slowest rank sets the step; the fullest sets the memory
@@ -173,10 +173,11 @@ def main() -> None:
     if args.device == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        # a variant that fails on one rank only must not hang the others for NCCL's 10 minutes
+        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
     base = Transformer(args.vocab, args.dim, args.layers, args.heads)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data

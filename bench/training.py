@@ -120,24 +120,29 @@ def run_variant(variant: str, base: torch.nn.Module, batches: list, args: argpar
     with ctx:
         torch.cuda.synchronize()
         began = time.perf_counter()
-        losses = [fn(*batches[0])]
+        # each loss cloned out: under reduce-overhead the returned tensor is overwritten by
+        # the next step (reading a kept one raises); the clone costs every variant the same
+        losses = [fn(*batches[0]).clone()]
         torch.cuda.synchronize()
         row["first_call_s"] = time.perf_counter() - began
-        for i in range(1, args.warmup):
-            losses.append(fn(*batches[i % len(batches)]))
-        torch.cuda.synchronize()
+        # reset after the first call (compilation's own allocations), before the CUDA-graph
+        # recordings of the warm-up steps: a replay allocates nothing, so a reset after them
+        # would miss the memory of the graphs' pools
         torch.cuda.reset_peak_memory_stats()
+        for i in range(1, args.warmup):
+            losses.append(fn(*batches[i % len(batches)]).clone())
         times = []
         for _ in range(args.repeats):
             torch.cuda.synchronize()
             began = time.perf_counter()
             for i in range(args.steps):
-                losses.append(fn(*batches[i % len(batches)]))
+                losses.append(fn(*batches[i % len(batches)]).clone())
             torch.cuda.synchronize()
             times.append((time.perf_counter() - began) / args.steps)
         row["step_ms"] = min(times) * 1e3
         row["step_ms_median"] = statistics.median(times) * 1e3
         row["peak_MB"] = torch.cuda.max_memory_allocated() / 1e6
+        row["reserved_MB"] = torch.cuda.max_memory_reserved() / 1e6
         row["losses"] = [float(x) for x in losses[: args.warmup + args.steps]]
         if args.profile:
             row["profile"] = profile_steps(fn, batches)
