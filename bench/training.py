@@ -195,6 +195,70 @@ def rng_check() -> dict:
     return out
 
 
+class _Bottleneck(torch.nn.Module):
+    """torchvision's ResNet bottleneck (1x1 narrow, 3x3, 1x1 widen, residual)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        nn = torch.nn
+        self.body = nn.Sequential(nn.Conv2d(4 * width, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.Conv2d(width, 4 * width, 1, bias=False), nn.BatchNorm2d(4 * width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + x)
+
+
+def cpu_memory(budget: float, torch_budget: float) -> list[dict]:
+    """One training step on the CPU: its peak (malloc'd bytes above the start, sampled after
+    every ATen op, backward included) and what the budget's partitioner decided, for
+    ResNet-50's first stage (three bottlenecks of width 64 on 56x56, batch 8, float32),
+    plain Inductor launches for every variant."""
+    import torch._functorch.config as functorch_config
+
+    from fxopt.memory.measure import _PeakSampler, malloc_in_use
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 256, 1), *[_Bottleneck(64) for _ in range(3)],
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
+    x, y = torch.randn(8, 3, 56, 56), torch.randint(0, 10, (8,))
+    rows = []
+    variants = [("inductor", {}, None), (f"inductor-amb{torch_budget}", {}, torch_budget),
+                ("fxopt-plain", {"cuda_graphs": False}, None),
+                (f"fxopt-plain-budget{budget}", {"cuda_graphs": False, "memory_budget": budget}, None)]
+    for name, options, amb in variants:
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        reports: list = []
+        ctx = _patched(functorch_config, activation_memory_budget=amb) if amb else contextlib.nullcontext()
+        fn = torch.compile(model) if name.startswith("inductor") else fxopt.compile(
+            model, options={**options, "reports": reports})
+
+        def step(fn: Callable = fn) -> torch.Tensor:
+            loss = F.cross_entropy(fn(x), y)
+            loss.backward()
+            return loss.detach()
+
+        with ctx:
+            step()
+            model.zero_grad(set_to_none=True)
+            start = malloc_in_use()
+            with _PeakSampler() as sampler:
+                loss = step()
+            peak = sampler.peak - start
+            model.zero_grad(set_to_none=True)
+            began = time.perf_counter()
+            for _ in range(3):
+                step()
+            seconds = (time.perf_counter() - began) / 3
+        rows.append({"variant": name, "peak_MB": peak / 1e6, "step_ms": seconds * 1e3,
+                     "loss": float(loss),
+                     "memory": [vars(d) for r in reports for d in r.memory]})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "memory"}), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="eager,inductor,inductor-ro,fxopt,fxopt-plain,fxopt-budget0.7")
@@ -205,11 +269,20 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--fxopt-profile", action="store_true")
     parser.add_argument("--rng-check", action="store_true")
+    parser.add_argument("--cpu-memory", action="store_true",
+                        help="only the CPU peak of a ResNet-50 stage with and without the budgets")
+    parser.add_argument("--budget", type=float, default=0.7, help="memory_budget for --cpu-memory")
+    parser.add_argument("--torch-budget", type=float, default=0.5,
+                        help="activation_memory_budget for --cpu-memory")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
-    torch.backends.cudnn.benchmark = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cpu_memory:
+        rows = cpu_memory(args.budget, args.torch_budget)
+        (out / "training_cpu_memory.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+        return
+    torch.backends.cudnn.benchmark = True
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "workload": f"resnet50 bf16 channels-last batch {args.batch}, SGD momentum",
                               "rows": []}
