@@ -88,6 +88,8 @@ def compile_with(compiler: str, model: nn.Module, reports: list) -> nn.Module:
         return torch.compile(model, mode="reduce-overhead")
     if compiler == "fxopt":
         return fxopt.compile(model, options={"reports": reports})
+    if compiler == "fxopt-replay":
+        return fxopt.compile(model, options={"reports": reports, "training_cuda_graphs": True})
     if compiler == "fxopt-plain":
         return fxopt.compile(model, options={"reports": reports, "cuda_graphs": False})
     raise SystemExit(f"unknown compiler {compiler!r}")
@@ -154,7 +156,7 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wrappings", default="ddp,fsdp-block,fsdp-model")
-    parser.add_argument("--compilers", default="inductor,inductor-ro,fxopt,fxopt-plain")
+    parser.add_argument("--compilers", default="inductor,inductor-ro,fxopt,fxopt-replay")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--dim", type=int, default=1024)

@@ -9,8 +9,8 @@ first call's time (compile included) and the losses of every step against Induct
 
 Variants: ``eager``; ``inductor`` (default), ``inductor-freezing``, ``inductor-ro``
 (reduce-overhead), ``inductor-ro-freezing``; ``inductor-amb<f>`` / ``inductor-ro-amb<f>``
-(torch's ``activation_memory_budget=f``); ``fxopt`` (default options), ``fxopt-plain``
-(``cuda_graphs=False``), ``fxopt-budget<f>`` (``memory_budget=f``). ``--profile`` adds a
+(torch's ``activation_memory_budget=f``); ``fxopt`` (default options), ``fxopt-replay``
+(``training_cuda_graphs=True``), ``fxopt-plain`` (``cuda_graphs=False``), ``fxopt-budget<f>`` (``memory_budget=f``). ``--profile`` adds a
 torch.profiler summary per variant (host time, GPU busy time, kernel count, top kernels),
 ``--fxopt-profile`` runs ``fxopt.profile_compiled`` on the step, ``--rng-check`` compares
 dropout draws replayed and plain.
@@ -101,6 +101,8 @@ def compiled(variant: str, step: Callable, reports: list) -> tuple[Callable, con
         return torch.compile(step, mode="reduce-overhead"), ctx
     if name == "fxopt":
         return fxopt.compile(step, options={"reports": reports}), ctx
+    if name == "fxopt-replay":
+        return fxopt.compile(step, options={"reports": reports, "training_cuda_graphs": True}), ctx
     if name == "fxopt-plain":
         return fxopt.compile(step, options={"reports": reports, "cuda_graphs": False}), ctx
     if name.startswith("fxopt-budget"):
@@ -261,7 +263,7 @@ def cpu_memory(budget: float, torch_budget: float) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="eager,inductor,inductor-ro,fxopt,fxopt-plain,fxopt-budget0.7")
+    parser.add_argument("--variants", default="inductor,inductor-ro,fxopt,fxopt-replay,fxopt-budget0.7")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)

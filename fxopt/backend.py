@@ -112,6 +112,10 @@ class BackendOptions:
     mode: str | None = None
     #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.replay)
     cuda_graphs: bool = True
+    #: replay training steps (forward, backward, optimizer update) through Inductor's CUDA-graph
+    #: trees, outputs cloned out (fxopt.training); off by default: a loop that keeps a step's
+    #: output alive into the next forward can meet the trees' "overwritten" error
+    training_cuda_graphs: bool = False
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None
@@ -127,7 +131,7 @@ class BackendOptions:
                                   f"unknown option(s) {unknown}; known options: {', '.join(known)}")
         if mode is not None:
             options.setdefault("mode", mode)
-        for key in ("freeze", "strict", "verify", "cuda_graphs"):
+        for key in ("freeze", "strict", "verify", "cuda_graphs", "training_cuda_graphs"):
             if key in options and not isinstance(options[key], bool):
                 raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
         if options.get("reports") is not None and not isinstance(options["reports"], list):
@@ -317,16 +321,32 @@ def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: boo
     state = {node for node, value in zip(placeholders, inputs) if _is_weight(node, value)}
     if not training_route(work, training=training, is_state=state.__contains__):
         return False
-    if not opts.cuda_graphs:
-        record.no_replay = "cuda_graphs=False"
+    if not (opts.cuda_graphs and opts.training_cuda_graphs):
+        record.no_replay = "training steps are replayed only with training_cuda_graphs=True"
     elif patches.get("triton.cudagraphs"):
         record.no_replay = "Inductor captures its own CUDA graphs (mode='reduce-overhead')"
+    elif any(_from_fsdp(getattr(n, "_dynamo_source", None)) for n in placeholders):
+        record.no_replay = ("parameters of an FSDP-managed module: FSDP re-allocates them every step, so "
+                            "a replay copies or re-records them (0.26-0.43x Inductor on 2 H200s)")
     else:
         record.no_replay = training_refusal(work, inputs, is_state=state.__contains__)
     if record.no_replay is not None:
         return False
     patches["triton.cudagraphs"] = True
     return True
+
+
+def _from_fsdp(source: Any) -> bool:
+    """Whether a Dynamo source reaches its tensor through an FSDP-managed module."""
+    try:
+        from torch._dynamo.source import FSDPNNModuleSource
+    except ImportError:  # pragma: no cover
+        return False
+    while source is not None:
+        if isinstance(source, FSDPNNModuleSource):
+            return True
+        source = getattr(source, "base", None)
+    return False
 
 
 def _no_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,

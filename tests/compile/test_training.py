@@ -135,7 +135,7 @@ def test_a_compiled_training_step_on_cpu_runs_plainly_and_matches_eager():
     net = Net()
     reports = []
     eager, eager_model = train(net, 3)
-    got, model = train(net, 3, {"reports": reports})
+    got, model = train(net, 3, {"reports": reports, "training_cuda_graphs": True})
     torch.testing.assert_close(torch.stack(got), torch.stack(eager), rtol=1e-5, atol=1e-5)
     for p, q in zip(model.state_dict().values(), eager_model.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
@@ -218,7 +218,7 @@ def test_a_replayed_training_step_is_a_plain_step():
     reports = []
     plain, plain_model = train(net, 4, {"cuda_graphs": False}, device="cuda")
     torch._dynamo.reset()
-    got, model = train(net, 4, {"reports": reports}, device="cuda")
+    got, model = train(net, 4, {"reports": reports, "training_cuda_graphs": True}, device="cuda")
     # two compiles may pick different cuDNN algorithms: equal up to float32 rounding
     torch.testing.assert_close(torch.stack(got), torch.stack(plain), rtol=1e-5, atol=1e-6)
     for p, q in zip(model.state_dict().values(), plain_model.state_dict().values()):
@@ -230,15 +230,23 @@ def test_a_replayed_training_step_is_a_plain_step():
 def test_outputs_kept_across_replayed_steps_are_not_overwritten():
     torch.manual_seed(0)
     model = Net().cuda()
-    compiled = fxopt.compile(model)
+    compiled = fxopt.compile(model, options={"training_cuda_graphs": True})
     outs, copies = [], []
     for _ in range(4):
         out = compiled(torch.randn(4, 3, 8, 8, device="cuda"))
         out.sum().backward()
         outs.append(out.detach())  # what a loop keeps: logits, a loss
         copies.append(out.detach().clone())
+        del out  # its autograd graph must not live into the next forward (docs/compile.md)
     for out, kept in zip(outs, copies):
         assert torch.equal(out, kept)
+
+
+def test_training_steps_are_replayed_only_when_asked():
+    reports = []
+    train(Net(), 1, {"reports": reports})
+    trained = [r for r in reports if r.training]
+    assert trained and all("training_cuda_graphs=True" in r.no_replay for r in trained)
 
 
 @cuda
@@ -247,7 +255,7 @@ def test_dropout_draws_replayed_are_the_plain_draws():
     net, reports = Net(p=0.5), []
     plain, _ = train(net, 4, {"cuda_graphs": False}, device="cuda", seed=3)
     torch._dynamo.reset()
-    got, _ = train(net, 4, {"reports": reports}, device="cuda", seed=3)
+    got, _ = train(net, 4, {"reports": reports, "training_cuda_graphs": True}, device="cuda", seed=3)
     assert all(r.no_replay is None for r in reports), [r.no_replay for r in reports]
     # another mask would move the loss far more than cuDNN's choice of algorithm does
     torch.testing.assert_close(torch.stack(got), torch.stack(plain), rtol=1e-5, atol=1e-6)

@@ -73,7 +73,7 @@ def _worker(rank, init, out):
             model = _wrap(copy.deepcopy(base), how)
             reports = []
             fn = model if compiler == "eager" else torch.compile(
-                model, backend="fxopt", options={"reports": reports, "strict": True})
+                model, backend="fxopt", options={"reports": reports, "strict": True, "training_cuda_graphs": True})
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             losses = []
             for x, y in batches:
@@ -110,7 +110,9 @@ def test_training_through_the_backend_matches_eager_on_every_rank(ranks, how):
         graphs = compiled["graphs"]
         assert graphs and any(g["training"] for g in graphs)
         assert all(g["fallback"] is None for g in graphs)  # fxopt ran on every graph: no silent fallback
-        assert all("is on cpu" in g["no_replay"] for g in graphs)  # and says why nothing is replayed
+        # and says why nothing is replayed: FSDP re-allocates its parameters every step
+        reason = "FSDP-managed" if how.startswith("fsdp") else "is on cpu"
+        assert all(reason in g["no_replay"] for g in graphs if g["training"]), graphs
     # the ranks saw different batches yet hold the same weights: the gradients were reduced
     for p, q in zip(ranks[0][how]["fxopt"]["params"], ranks[1][how]["fxopt"]["params"]):
         assert p == q
