@@ -227,6 +227,9 @@ def test_a_replayed_training_step_is_a_plain_step():
 
 
 @cuda
+@pytest.mark.xfail(strict=True, reason="a model-only compile replayed by CUDA-graph trees, looped with "
+                   "gradients accumulating, raises 'overwritten by a subsequent run' in a later backward "
+                   "(H100 and H200, torch 2.11): why training replay is opt-in")
 def test_outputs_kept_across_replayed_steps_are_not_overwritten():
     torch.manual_seed(0)
     model = Net().cuda()
