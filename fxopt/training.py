@@ -18,6 +18,12 @@ output the caller sees that is not a view of an input (those AOTAutograd rebuild
 the graph). Holding the loss or the logits of step *n* while step *n+1* runs is then as safe
 as without CUDA graphs.
 
+Opt-in (``training_cuda_graphs=True``): a GPU test of a model-only compile (forward compiled,
+``backward`` outside, gradients accumulating over steps) met the trees' "overwritten by a
+subsequent run" error in a later backward; whole-step compiles ran (bench/RESULTS.md,
+"Training"). The backend also refuses graphs of FSDP-managed modules, whose parameters FSDP
+re-allocates every step.
+
 Which graphs. :func:`training_route` says whether a graph belongs to this path: a graph
 autograd records (training), or one run without autograd that writes parameters or
 buffers in place (an optimizer's update). :func:`refusal` says why replaying one could

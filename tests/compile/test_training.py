@@ -146,6 +146,11 @@ def test_a_compiled_training_step_on_cpu_runs_plainly_and_matches_eager():
     assert all(r.frozen == [] and "pad_conv_channels" not in [x.name for x in r.report.records] for r in update)
 
 
+def test_training_cuda_graphs_must_be_a_bool():
+    with pytest.raises(PassOptionError, match="training_cuda_graphs"):
+        fxopt.compile(nn.Linear(2, 2), options={"training_cuda_graphs": "yes"})
+
+
 @pytest.mark.parametrize("budget", [0, 1.5, True, "0.5"])
 def test_memory_budget_must_be_a_fraction(budget):
     with pytest.raises(PassOptionError, match="memory_budget"):
