@@ -250,13 +250,21 @@ def _evaluating(mode: FakeTensorMode) -> Iterator[_TorchCodeOnly]:
 
 @contextmanager
 def _frozen(shape_env: Any) -> Iterator[None]:
-    """``ShapeEnv.error_on_new_guards`` for torch versions without it."""
-    saved = shape_env.frozen, shape_env._error_on_new_guards
-    shape_env.frozen = shape_env._error_on_new_guards = True
+    """``ShapeEnv.error_on_new_guards`` for torch versions without it (2.11): there a frozen
+    environment only logs a guard it ignores, so ``_check_frozen`` (which every guard passes
+    through, on all supported versions) is made to raise on this instance: the op then gets
+    no value, instead of one that holds only under an unrecorded guard."""
+    def refuse(expr: Any, concrete_val: Any = None) -> None:
+        raise _Unsafe(f"a new guard {expr} == {concrete_val}")
+
+    saved = shape_env.frozen
+    shape_env.frozen = True
+    shape_env._check_frozen = refuse
     try:
         yield
     finally:
-        shape_env.frozen, shape_env._error_on_new_guards = saved
+        shape_env.frozen = saved
+        del shape_env._check_frozen
 
 
 def _torch_method(name: Any) -> bool:

@@ -1525,6 +1525,28 @@ def test_replace_pattern_meta_copy_skips_data_dependent_op():
     assert "val" not in _node(gm, aten.nonzero.default).meta
 
 
+def test_replace_pattern_meta_without_error_on_new_guards(monkeypatch):
+    """fxopt's own: torch 2.11's ShapeEnv has no ``error_on_new_guards`` (a frozen one only
+    logs the guards it ignores); values that need a new guard are still refused, and the
+    rest still computed, with the environment left as it was."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    monkeypatch.delattr(ShapeEnv, "error_on_new_guards")
+    batch = {"x": {0: torch.export.Dim("batch", min=3, max=8)}}
+    gm = _export(_Relu(), torch.randn(4, 3), dynamic_shapes=batch)
+    shape_env = _placeholders(gm)[0].meta["val"].fake_mode.shape_env
+    monkeypatch.delattr(shape_env, "_error_on_new_guards")  # nor this flag
+    before = (shape_env.counter["ignored_backward_guard"], dict(shape_env.var_to_range), shape_env.frozen)
+    assert len(replace_pattern(gm, _relu, lambda x: aten.view.default(x, [2, -1]))) == 1
+    assert "val" not in _node(gm, aten.view.default).meta
+    assert before == (shape_env.counter["ignored_backward_guard"], dict(shape_env.var_to_range), shape_env.frozen)
+    assert "_check_frozen" not in vars(shape_env)
+    gm = _export(_Relu(), torch.randn(4, 3), dynamic_shapes=batch)
+    assert len(replace_pattern(gm, _relu, lambda x: aten.neg.default(x))) == 1
+    new, old = _node(gm, aten.neg.default).meta["val"], _placeholders(gm)[0].meta["val"]
+    assert new.shape[0].node.expr == old.shape[0].node.expr and new.shape[1] == 3
+
+
 def test_replace_pattern_meta_copy_disables_fallback_kernels():
     gm = _export(_Relu(), torch.randn(2, 3))
     fake_mode = _placeholders(gm)[0].meta["val"].fake_mode
