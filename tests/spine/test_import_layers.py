@@ -31,8 +31,6 @@ KNOWN_LOOPS: set[frozenset[str]] = {
     # the analysis manager <-> the analyses it registers: fixed on the `speed` branch
     frozenset({"fxopt.analysis.manager", "fxopt.analysis.alias", "fxopt.analysis.liveness",
                "fxopt.analysis.shapes", "fxopt.analysis.structure"}),
-    # the int8 operators <-> their matmul kernels: fixed on the `quant` branch
-    frozenset({"fxopt.quant.ops", "fxopt.quant.int8_mm"}),
 }
 
 
