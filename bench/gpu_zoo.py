@@ -1,8 +1,9 @@
 """Model-zoo benchmark of the fxopt torch.compile backend: bf16 inference on one GPU.
 
-For each model, side by side in one process: eager, Inductor, Inductor with
-``freezing=True``, and fxopt + Inductor (``backend="fxopt"``, default inference pipeline);
-optionally more variants (``--variants``): the fxopt backend under the *global* freezing
+For each model, side by side in one process: eager, every Inductor mode a user could pick
+(default, ``freezing=True``, ``mode="reduce-overhead"``, reduce-overhead with freezing), and
+fxopt + Inductor (``backend="fxopt"``, default inference pipeline); optionally more
+variants (``--variants``): the fxopt backend under the *global* freezing
 flag (as a harness that sets it process-wide runs it), and Inductor's max-autotune.
 Measured, in interleaved rounds so that a drift of the machine hits every variant alike:
 median latency with plain launches (``triton.testing.do_bench`` on the Python call) and,
@@ -40,13 +41,15 @@ from fxopt.progress import progress
 
 CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
 ALL_MODELS = (*CONV_NETS, "vit_b_16", "bert_base", "gpt2", "llama_decoder", "llama_mlp")
-VARIANTS = ("eager", "inductor", "inductor_freezing", "fxopt")
+VARIANTS = ("eager", "inductor", "inductor_freezing", "reduce_overhead", "reduce_overhead_freezing", "fxopt")
+#: the Inductor modes fxopt is compared with: the best of them, per model
+INDUCTOR_MODES = ("inductor", "inductor_freezing", "reduce_overhead", "reduce_overhead_freezing")
 #: more variants, by request: see make_variant
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
                   "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
-                  "inductor_freezing_cpp_wrapper", "fxopt_no_replay", "reduce_overhead")
+                  "inductor_freezing_cpp_wrapper", "fxopt_no_replay")
 #: variants that capture CUDA graphs themselves: the harness's own capture is not timed
-SELF_GRAPHED = ("reduce_overhead",)
+SELF_GRAPHED = ("reduce_overhead", "reduce_overhead_freezing")
 
 
 class GatedMLPStack(nn.Module):
@@ -118,8 +121,9 @@ def _build_tiny(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 # --- variants ------------------------------------------------------------------------
 
-def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple[Callable, Callable]:
-    """The callable and the context it runs in.
+def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
+                 dynamic: bool | None = None) -> tuple[Callable, Callable]:
+    """The callable and the context it runs in (``dynamic`` goes to ``torch.compile``).
 
     Inductor's freezing needs the *global* flag: Dynamo reads it while tracing to make
     parameters graph attributes; ``torch.compile(options={"freezing": True})`` only patches
@@ -129,9 +133,9 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
     if variant == "eager":
         return model, contextlib.nullcontext
     if variant == "inductor":
-        return torch.compile(model), contextlib.nullcontext
+        return torch.compile(model, dynamic=dynamic), contextlib.nullcontext
     if variant == "inductor_freezing":
-        return (torch.compile(model, options={"freezing": True}),
+        return (torch.compile(model, options={"freezing": True}, dynamic=dynamic),
                 lambda: torch._inductor.config.patch(freezing=True))
     if variant == "inductor_freezing_1x1_mm":  # Inductor freezing with the flag fxopt sets
         return (torch.compile(model, options={"freezing": True, "conv_1x1_as_mm": True}),
@@ -140,7 +144,13 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
         return (torch.compile(model, options={"freezing": True, "cpp_wrapper": True}),
                 lambda: torch._inductor.config.patch(freezing=True))
     if variant == "reduce_overhead":  # Inductor's own CUDA graphs (outputs live in its pool)
-        return (torch.compile(model, mode="reduce-overhead"),  # mode and options are exclusive
+        return torch.compile(model, mode="reduce-overhead", dynamic=dynamic), contextlib.nullcontext
+    if variant == "reduce_overhead_freezing":
+        # the mode as options (mode and options are exclusive), with "freezing" to keep the
+        # Dynamo cache entry apart: given mode="reduce-overhead" it reused reduce_overhead's
+        # unfrozen code (compile 0.0 s in session 6's runs)
+        options = {**torch._inductor.list_mode_options("reduce-overhead"), "freezing": True}
+        return (torch.compile(model, options=options, dynamic=dynamic),
                 lambda: torch._inductor.config.patch(freezing=True))
     if variant == "max_autotune":  # Inductor's best, without its CUDA graphs: timed both ways here
         options = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"), "freezing": True}
@@ -155,7 +165,7 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any]) -> tuple
             options["inductor"] = {"cpp_wrapper": True}
         if variant == "fxopt_no_replay":  # the backend's kernels launched one by one
             options["cuda_graphs"] = False
-        compiled = torch.compile(model, backend="fxopt", options=options)
+        compiled = torch.compile(model, backend="fxopt", options=options, dynamic=dynamic)
         if variant == "fxopt_cudnn":
             return compiled, _cudnn_fusions
         if variant == "fxopt_global_freezing":
@@ -316,7 +326,7 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
     for variant in (*VARIANTS, *extra):
         stats: dict[str, Any] = {}
         try:
-            fresh_cache_dir(cache_root, f"{name}-{layout}-{variant}")
+            fresh_cache_dir(cache_root, "shared" if args.shared_cache else f"{name}-{layout}-{variant}")
             fn, context = make_variant(variant, model, stats)
             with torch.no_grad(), context():
                 if device == "cuda":
@@ -340,6 +350,7 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
             entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
             entry["replayed"] = sum(g.no_replay is None for g in reports if not g.fallback)
             entry["no_replay"] = sorted({g.no_replay for g in reports if g.no_replay})
+            entry["replay_logs"] = [str(g.replay) for g in reports if g.replay is not None]
             entry["pass_s"] = sum(g.report.total_seconds for g in reports if g.report)
             entry["frozen_inputs"] = sum(len(g.frozen) for g in reports)
             entry["changed_passes"] = sorted({r.name for g in reports if g.report
@@ -380,19 +391,24 @@ def run_model(name: str, args: argparse.Namespace, cache_root: str, layout: str)
 
 
 def summarize(row: dict[str, Any]) -> None:
-    """Ratios and verdicts: fxopt against the better Inductor variant, numerics against eager."""
-    fx, ind, frz, eager = (row.get(v, {}) for v in ("fxopt", "inductor", "inductor_freezing", "eager"))
+    """Ratios and verdicts: fxopt against the best Inductor mode (per column: the modes
+    that capture their own CUDA graphs have no separate graph column), numerics against eager."""
+    fx, ind, eager = (row.get(v, {}) for v in ("fxopt", "inductor", "eager"))
+    modes = [row[v] for v in INDUCTOR_MODES if isinstance(row.get(v), dict)]
     for key in ("ms", "graph_ms", "bench_ms", "bench_graph_ms"):
-        best = min((v[key] for v in (ind, frz) if key in v), default=None)
-        if key in fx and best is not None:
+        timed = [(v[key], name) for name, v in zip(INDUCTOR_MODES, modes) if key in v]
+        if key in fx and timed:
+            best, name = min(timed)
             row[f"{key.replace('ms', 'speedup')}_vs_best_inductor"] = best / fx[key]
+            row[f"best_inductor_{key}"] = name
         if key in fx and key in row.get("max_autotune", {}):
             row[f"{key.replace('ms', 'speedup')}_vs_max_autotune"] = row["max_autotune"][key] / fx[key]
-    best = min((v["ms"] for v in (ind, frz) if "ms" in v), default=None)
+    best = min((v["ms"] for v in modes if "ms" in v), default=None)
     if "ms" in row.get("fxopt_no_replay", {}) and best is not None:  # what replay adds
         row["no_replay_speedup_vs_best_inductor"] = best / row["fxopt_no_replay"]["ms"]
-    if "ms" in row.get("reduce_overhead", {}) and "ms" in fx:  # against Inductor's own CUDA graphs
-        row["speedup_vs_reduce_overhead"] = row["reduce_overhead"]["ms"] / fx["ms"]
+    for mode in ("reduce_overhead", "reduce_overhead_freezing"):  # against Inductor's own CUDA graphs
+        if "ms" in row.get(mode, {}) and "ms" in fx:
+            row[f"speedup_vs_{mode}"] = row[mode]["ms"] / fx["ms"]
     if "ms" in row.get("fxopt_cudnn", {}) and best is not None:
         row["cudnn_speedup_vs_best_inductor"] = best / row["fxopt_cudnn"]["ms"]
     if "pass_s" in fx and "compile_s" in ind:
@@ -419,7 +435,10 @@ def table(rows: list[dict[str, Any]]) -> str:
                          ("speedup_vs_max_autotune", "launch vs max-autotune"),
                          ("graph_speedup_vs_max_autotune", "graph vs max-autotune"),
                          ("no_replay_speedup_vs_best_inductor", "launch without replay"),
-                         ("speedup_vs_reduce_overhead", "launch vs reduce-overhead")) if key in r)
+                         ("speedup_vs_reduce_overhead", "launch vs reduce-overhead"),
+                         ("speedup_vs_reduce_overhead_freezing", "launch vs reduce-overhead+freezing"))
+                     if key in r)
+                     + f" (best Inductor mode: {r.get('best_inductor_ms', '-')})"
                      + f"; numerics {({True: 'ok', False: 'OUT'}).get(r.get('numerics_ok'), '-')}")
         for variant, v in r.items():
             if not isinstance(v, dict) or variant == "profile":
@@ -452,10 +471,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         for key, label in (("speedup_vs_best_inductor", "plain launches"),
                            ("no_replay_speedup_vs_best_inductor", "plain launches, cuda_graphs=False"),
                            ("speedup_vs_reduce_overhead", "plain launches vs Inductor reduce-overhead"),
+                           ("speedup_vs_reduce_overhead_freezing", "plain launches vs reduce-overhead+freezing"),
                            ("graph_speedup_vs_best_inductor", "CUDA-graph replays"),
                            ("bench_speedup_vs_best_inductor", "plain launches, cudnn.benchmark"),
                            ("bench_graph_speedup_vs_best_inductor", "CUDA graphs, cudnn.benchmark")):
             conv = [r for r in rows if r["model"] in CONV_NETS and key in r and r["layout"] == layout]
+            if conv and key == "speedup_vs_best_inductor":  # the headline also names the rest
+                rest = [r for r in rows if r["model"] not in CONV_NETS and key in r]
+                lines.append("every model, fxopt vs best Inductor mode, plain launches: " + ", ".join(
+                    f"{r['model']} {r[key]:.3f}x ({r.get('best_inductor_ms')})" for r in [*conv, *rest]))
             if conv:
                 each = ", ".join(f"{r['model']} {r[key]:.3f}x" for r in conv)
                 geo = math.exp(sum(math.log(r[key]) for r in conv) / len(conv))
@@ -480,6 +504,8 @@ def main() -> None:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="also time every variant with torch.backends.cudnn.benchmark on")
     parser.add_argument("--profile", default=None, help="text file for torch.profiler tables of one call each")
+    parser.add_argument("--shared-cache", action="store_true",
+                        help="one Inductor cache for every variant (faster; compile_s then is no cold compile)")
     parser.add_argument("--budget-s", type=float, default=540, help="skip models once this is spent")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny else "cuda"

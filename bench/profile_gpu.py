@@ -11,7 +11,7 @@ Checks, each printed and written to ``$OUT/profile_gpu.json`` (or ``--out``):
    over one plain call (both relative to the memory allocated before the call); on the CPU
    vs the peak of the CPU profiler's allocator events over one plain call;
 3. the hotspot ranking of torchvision's resnet18 and the before/after of the default
-   pipeline (``fxopt.optimize(..., profile=True)``);
+   pipeline (``fxopt.optimize(..., profile=fxopt.profile)``);
 4. Inductor kernels attributed to FX nodes for a model compiled with ``backend="fxopt"``;
 5. the command line as the issue writes it (``fxopt profile torchvision.models:resnet18
    --device cuda --top 10 --trace ... --report ...``, no input shape);
@@ -247,7 +247,7 @@ def main() -> None:
         model = resnet18().to(dev).eval()
         x = torch.randn(batch, 3, 224, 224, device=dev)
         with torch.no_grad():
-            gm = fxopt.optimize(model, example_inputs=(x,), profile=True)
+            gm = fxopt.optimize(model, example_inputs=(x,), profile=fxopt.profile)
         diff = fxopt.report_of(gm).profile
         print("\n== resnet18 default pipeline, before/after\n" + diff.table())
         results["resnet18_diff"] = diff.rows()

@@ -32,6 +32,7 @@ import fxopt.quant as fq  # noqa: E402
 from bench.quant_gpu import HIDDEN, D, bench  # noqa: E402
 from fxopt.progress import progress  # noqa: E402
 from fxopt.quant import triton_kernels as tk  # noqa: E402
+from fxopt.quant.int8_configs import m_bucket  # noqa: E402
 
 #: the Llama stack's linear shapes (weight rows, K, name, gated): "swiglu" is the merged
 #: gate and up weight computing silu(gate) * up (output N = HIDDEN)
@@ -78,7 +79,7 @@ def m_row(name: str, m: int, w8: list, s: torch.Tensor, w16: list, gated: bool) 
            "sqnr_vs_dequant": quality, "bf16_us": per_call(lambda i: F.linear(x, w16[i])),
            "int8_us": int8_us(kind, config),
            "int8_plain_cvt_us": int8_us(kind, dataclasses.replace(config, fast_cvt=0))}
-    times = tk.TUNING_TIMES.get((triton.next_power_of_2(m), rows, k, x.dtype, False, None, gated), {})
+    times = tk.TUNING_TIMES.get((m_bucket(m), rows, k, x.dtype, False, None, gated), {})
     for other in {kd for kd, _ in times} - {kind}:
         best = min((c for kd, c in times if kd == other), key=lambda c: times[(other, c)])
         row[f"best_{other}"] = str(best)
@@ -93,6 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/quant_kernels"))
     parser.add_argument("--ms", default="1,2,4,8,16")
+    parser.add_argument("--shapes", default=",".join(name for _, _, name, _ in SHAPES),
+                        help="comma-separated names of SHAPES to run")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
@@ -105,7 +108,8 @@ def main() -> None:
         print(msg, flush=True)
 
     rows = []
-    for n, k, name, gated in progress(SHAPES, desc="shapes", unit="shape"):
+    chosen = [shape for shape in SHAPES if shape[2] in args.shapes.split(",")]
+    for n, k, name, gated in progress(chosen, desc="shapes", unit="shape"):
         rows += shape_rows(n, k, name, gated, ms, log)
         with open(os.path.join(args.out, "quant_kernels.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

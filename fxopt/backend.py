@@ -27,10 +27,11 @@ Training graphs are never frozen and inference-only passes are skipped on them, 
 line in the report.
 
 CUDA graphs. A compiled inference graph whose replay the caller could not tell from a
-plain call (see :mod:`fxopt.replay`) is replayed as a CUDA graph from its third call on:
-on conv nets, plain launches are bound by host time, which fusing kernels does not cut.
-``cuda_graphs=False`` turns it off; ``CompiledGraph.no_replay`` says why a graph is not
-replayed.
+plain call (see :mod:`fxopt.replay`) is replayed as CUDA graphs, one per call shape (at
+most ``replay_shapes``), from the second call of each shape on: on conv nets, plain
+launches are bound by host time, which fusing kernels does not cut. ``cuda_graphs=False``
+turns it off; ``CompiledGraph.no_replay`` says why a graph is not replayed at all, and
+``CompiledGraph.replay`` what ran for each shape.
 
 Failure policy. Unknown options raise :class:`~fxopt.errors.PassOptionError` naming them.
 A pass that fails on a graph does not break the user's ``torch.compile``: that graph is
@@ -62,10 +63,12 @@ from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass, PassResult
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
-from fxopt.replay import GraphReplay
+from fxopt.replay import GraphReplay, ReplayLog
 from fxopt.replay import refusal as replay_refusal
 from fxopt.report import Report
 from fxopt.snapshot import GraphSnapshot
+from fxopt.training import PlainOutputs, fresh_outputs, inductor_skips, training_route
+from fxopt.training import refusal as training_refusal
 
 try:  # torch >= 2.6; the import path has been stable since
     from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -110,6 +113,16 @@ class BackendOptions:
     mode: str | None = None
     #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.replay)
     cuda_graphs: bool = True
+    #: the most call shapes of one graph kept captured as CUDA graphs (least recently used
+    #: evicted); each holds its input buffers and outputs in the graph's memory pool
+    replay_shapes: int = 8
+    #: replay training steps (forward, backward, optimizer update) through Inductor's CUDA-graph
+    #: trees, outputs cloned out (fxopt.training); off by default: a loop that keeps a step's
+    #: output alive into the next forward can meet the trees' "overwritten" error
+    training_cuda_graphs: bool = False
+    #: training graphs: recompute saved activations until each graph's predicted activation
+    #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
+    memory_budget: float | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
@@ -122,11 +135,21 @@ class BackendOptions:
                                   f"unknown option(s) {unknown}; known options: {', '.join(known)}")
         if mode is not None:
             options.setdefault("mode", mode)
-        for key in ("freeze", "strict", "verify", "cuda_graphs"):
+        for key in ("freeze", "strict", "verify", "cuda_graphs", "training_cuda_graphs"):
             if key in options and not isinstance(options[key], bool):
                 raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
+        shapes = options.get("replay_shapes", 1)
+        if not isinstance(shapes, int) or isinstance(shapes, bool) or shapes < 1:
+            raise PassOptionError(_BACKEND, "replay_shapes", f"expected an int >= 1, got {shapes!r}")
         if options.get("reports") is not None and not isinstance(options["reports"], list):
             raise PassOptionError(_BACKEND, "reports", "expected a list to append reports to")
+        budget = options.get("memory_budget")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                                   or not 0 < budget <= 1):
+            raise PassOptionError(_BACKEND, "memory_budget", f"expected a fraction in (0, 1], got {budget!r}")
+        if budget is not None and not hasattr(torch._inductor.config, "custom_partitioner_fn"):
+            raise PassOptionError(_BACKEND, "memory_budget", f"this torch ({torch.__version__}) has no "
+                                  "Inductor hook 'custom_partitioner_fn'")
         inductor = options.get("inductor") or {}
         if not isinstance(inductor, Mapping):
             raise PassOptionError(_BACKEND, "inductor", f"expected a dict of Inductor options, got {inductor!r}")
@@ -156,12 +179,17 @@ class BackendOptions:
         return value or None
 
     def inductor_patches(self, *, frozen: bool, training: bool,
-                         sink: list[tuple[str, Report]] | None = None) -> dict[str, Any]:
+                         sink: list[tuple[str, Report]] | None = None,
+                         budget_sink: list | None = None) -> dict[str, Any]:
         patches: dict[str, Any] = {}
         if self.mode not in (None, "default"):
             patches.update(torch._inductor.list_mode_options(self.mode))
         if frozen:
             patches["freezing"] = True
+        if training and self.memory_budget is not None:
+            from fxopt.memory.budget import BudgetPartitioner
+
+            patches["custom_partitioner_fn"] = BudgetPartitioner(self.memory_budget, reports=budget_sink)
         for key, config_name in INDUCTOR_HOOKS.items():
             pipeline = self.pipeline(key)
             if pipeline is not None:
@@ -194,9 +222,14 @@ class CompiledGraph:
     fallback: str | None = None
     #: (Inductor hook, report) of every ATen-level pipeline run for this graph
     aten_reports: list[tuple[str, Report]] = field(default_factory=list)
-    #: why the compiled graph is not replayed as a CUDA graph, or None when it is (set at
-    #: compile time, or at the capturing second call if replay is given up then)
+    #: why the compiled graph is never replayed as a CUDA graph (set at compile time), or None
     no_replay: str | None = None
+    #: when it may be: what ran for each call shape and why (replayed, plain and why,
+    #: evictions, calls beyond the bound), updated as calls come
+    replay: ReplayLog | None = None
+    #: what ``memory_budget`` did to the graph (fxopt.memory.budget.BudgetDecision, one per
+    #: forward/backward partition)
+    memory: list[Any] = field(default_factory=list)
 
 
 # --- the backend ---------------------------------------------------------------------
@@ -258,25 +291,76 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             raise
         return _fallback(gm, example_inputs, opts, training, name, exc)
     record = CompiledGraph(name, training, frozen, report, work.code)
-    if opts.reports is not None:
-        opts.reports.append(record)
-    patches = opts.inductor_patches(frozen=constant, training=training, sink=record.aten_reports)
+    patches = opts.inductor_patches(frozen=constant, training=training, sink=record.aten_reports,
+                                    budget_sink=record.memory)
+    kept = [example_inputs[i] for i in keep]
+    step = _training_step_replay(work, kept, training, opts, patches, record)
     try:
-        compiled = compile_fx(work, [example_inputs[i] for i in keep], config_patches=patches)
+        with inductor_skips() as skips:
+            compiled = compile_fx(work, kept, config_patches=patches)
     except Exception as exc:
-        if opts.strict:
+        # Dynamo's request to trace the frame again (e.g. to specialize a float that a
+        # dynamic size divides) is no failure: the backend is called anew
+        if opts.strict or isinstance(exc, torch._dynamo.exc.RestartAnalysis):
             raise
+        if opts.reports is not None:
+            opts.reports.append(record)
         changed = [r.name for _, r in report.walk() if r.changed and not r.children]
         reason = f"Inductor failed on the rewritten graph (passes that changed it: {changed}): " \
                  f"{type(exc).__name__}: {exc}"
         record.fallback = reason
         _warn(name, reason)
         return _plain_inductor(gm, example_inputs, opts, training)
-    kept = [example_inputs[i] for i in keep]
-    record.no_replay = _no_replay(work, kept, training, opts, patches)
+    if opts.reports is not None:
+        opts.reports.append(record)
+    if step:
+        if skips:
+            record.no_replay = f"Inductor gave up its CUDA graphs: {'; '.join(skips)}"
+        compiled = PlainOutputs(compiled, fresh_outputs(work))
+        return _dropping_frozen_args(compiled, keep, len(example_inputs))
     if record.no_replay is None:
-        compiled = GraphReplay(compiled, kept, given_up=lambda why: setattr(record, "no_replay", why))
+        record.no_replay = _no_replay(work, kept, training, opts, patches)
+    if record.no_replay is None:
+        compiled = GraphReplay(compiled, max_shapes=opts.replay_shapes)
+        record.replay = compiled.log
     return _dropping_frozen_args(compiled, keep, len(example_inputs))
+
+
+def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
+                          patches: dict[str, Any], record: CompiledGraph) -> bool:
+    """Whether ``work`` is replayed as part of a training step (fxopt.training): then
+    Inductor's CUDA-graph trees are switched on in ``patches``. A training-step graph that
+    is refused gets the reason in ``record.no_replay``."""
+    placeholders = list(work.graph.find_nodes(op="placeholder"))
+    state = {node for node, value in zip(placeholders, inputs) if _is_weight(node, value)}
+    if not training_route(work, training=training, is_state=state.__contains__):
+        return False
+    if not (opts.cuda_graphs and opts.training_cuda_graphs):
+        record.no_replay = "training steps are replayed only with training_cuda_graphs=True"
+    elif patches.get("triton.cudagraphs"):
+        record.no_replay = "Inductor captures its own CUDA graphs (mode='reduce-overhead')"
+    elif any(_from_fsdp(getattr(n, "_dynamo_source", None)) for n in placeholders):
+        record.no_replay = ("parameters of an FSDP-managed module: FSDP re-allocates them every step, so "
+                            "a replay copies or re-records them (0.26-0.43x Inductor on 2 H200s)")
+    else:
+        record.no_replay = training_refusal(work, inputs, is_state=state.__contains__)
+    if record.no_replay is not None:
+        return False
+    patches["triton.cudagraphs"] = True
+    return True
+
+
+def _from_fsdp(source: Any) -> bool:
+    """Whether a Dynamo source reaches its tensor through an FSDP-managed module."""
+    try:
+        from torch._dynamo.source import FSDPNNModuleSource
+    except ImportError:  # pragma: no cover
+        return False
+    while source is not None:
+        if isinstance(source, FSDPNNModuleSource):
+            return True
+        source = getattr(source, "base", None)
+    return False
 
 
 def _no_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
@@ -335,6 +419,11 @@ def _work_copy(gm: fx.GraphModule) -> fx.GraphModule:
     for old, new in zip(gm.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
+    if hasattr(gm, "_param_name_to_source"):
+        # AOTAutograd reads it to know the graph came from Dynamo: without it, parameter
+        # and buffer inputs are not static inputs, so CUDA-graph trees would copy every
+        # weight into the graph on every replay (and skip graphs that update BatchNorm stats)
+        work._param_name_to_source = gm._param_name_to_source
     for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]
@@ -395,7 +484,12 @@ def _traced_frozen(gm: fx.GraphModule, training: bool, opts: BackendOptions) -> 
     is set: nothing is left to freeze, but the weights are constants all the same, so the
     layout passes apply. (Missing this left fused convs with NCHW weights whenever a caller
     set the global freezing flag.)"""
-    return opts.freeze and not training and any(isinstance(v, torch.nn.Parameter) for v in gm.parameters())
+    if not opts.freeze or training or not any(isinstance(v, torch.nn.Parameter) for v in gm.parameters()):
+        return False
+    # an optimizer's update writes the very parameters: they are state, not constants
+    written = _written_storages(gm.graph)
+    return written is not None and not any(
+        storages_of(_fake(n)) & written for n in gm.graph.find_nodes(op="get_attr") if _fake(n) is not None)
 
 
 def _is_weight(node: fx.Node, value: Any) -> bool:

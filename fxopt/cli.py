@@ -191,8 +191,10 @@ examples:
 
 --save writes OUT.pt2 (torch.export.save) when torch.export captures the optimized
 program, else the folder OUT/ (GraphModule.to_folder: module.py with the code,
-state_dict.pt with the weights); it prints which. Read either back with
-fxopt.saving.load_program(path). Details: docs/cli.md."""
+state_dict.pt with the weights; the folder may be moved); it prints which. Read
+either back with fxopt.saving.load_program(path). Loading the folder runs its
+Python (module.py, pickled submodules): load only folders you trust. Details:
+docs/cli.md."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -14,6 +14,14 @@ from fxopt.errors import InputError, ModelTypeError, TraceError
 from fxopt.manager import REPORT_KEY, Instrumentation, PassManager
 from fxopt.pipeline import PassLike
 from fxopt.report import Report
+
+if TYPE_CHECKING:
+    from fxopt.profiling import Profile
+
+#: measures a graph on inputs: ``fxopt.profile``, or a ``functools.partial`` of it. A
+#: parameter, not an import: fxopt.profiling sits above optimize (it profiles compiled graphs
+#: through fxopt.backend, which runs optimize).
+Profiler = Callable[[fx.GraphModule, Sequence[Any]], "Profile"]
 
 #: what ``optimize`` runs when ``passes`` is omitted: inference cleanups, safe on any graph
 DEFAULT_PIPELINE: tuple[str, ...] = (
@@ -41,7 +49,7 @@ def optimize(
     hooks: Iterable[Instrumentation] = (),
     rtol: float | None = None,
     atol: float | None = None,
-    profile: bool = False,
+    profile: Profiler | None = None,
     progress: bool | None = None,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
@@ -61,10 +69,15 @@ def optimize(
     back. A run longer than two seconds shows a progress bar on a terminal's stderr
     (``progress=False`` hides it).
 
-    ``profile=True`` measures the graph on ``example_inputs`` before and after the passes
-    (:func:`fxopt.profile`) and puts the :class:`~fxopt.profiling.ProfileDiff`, which
-    credits the change in time and memory to the passes, in ``report_of(result).profile``.
+    ``profile=fxopt.profile`` measures the graph on ``example_inputs`` before and after the
+    passes with that profiler (``functools.partial(fxopt.profile, repeat=20)`` for more
+    runs) and puts the :class:`~fxopt.profiling.ProfileDiff`, which credits the change in
+    time and memory to the passes, in ``report_of(result).profile``.
     """
+    if profile is not None and not callable(profile):
+        raise InputError(f"profile takes the profiler to measure with (profile=fxopt.profile), not {profile!r}")
+    if profile is not None and example_inputs is None:
+        raise InputError("profile needs example_inputs to run the graph on")
     gm = as_graph_module(model)
     if not inplace:
         gm = copy_sharing_tensors(gm)
@@ -72,15 +85,10 @@ def optimize(
         DEFAULT_PIPELINE if passes is None else passes,
         verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol, progress=progress,
     )
-    if profile and example_inputs is None:
-        raise InputError("profile=True needs example_inputs to run the graph on")
-    original = copy_sharing_tensors(gm) if profile else None
+    original = copy_sharing_tensors(gm) if profile is not None else None
     report = manager.run(gm, example_inputs, training=training)
     if original is not None:
-        from fxopt.profiling import profile as profile_graph
-
-        before = profile_graph(original, example_inputs)
-        report.profile = before.diff(profile_graph(gm, example_inputs), report)
+        report.profile = profile(original, example_inputs).diff(profile(gm, example_inputs), report)
     return gm
 
 

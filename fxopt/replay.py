@@ -1,4 +1,4 @@
-"""Replay a compiled inference graph as a CUDA graph, invisibly to the caller.
+"""Replay a compiled inference graph as CUDA graphs, invisibly to the caller.
 
 Why. A compiled conv net at batch 32 spends more host time launching its ~100 kernels
 (Inductor's Python wrapper, ~20 us each) than the GPU spends running them: resnet50 on an
@@ -12,50 +12,74 @@ caller sees the plain compiled function's semantics:
 * outputs are cloned out of the pool, so every call returns fresh tensors that no later
   call touches;
 * a graph is replayed only when :func:`refusal` finds nothing a replay would change: an
-  inference graph on CUDA tensors of static shapes, whose every op the op-facts model
+  inference graph on CUDA tensors (and integer sizes), whose every op the op-facts model
   knows (no random draws, no collectives, no state updates, no unknown ops), that writes
-  none of its inputs (writes into its own intermediates replay alike), and whose outputs share no storage with its inputs or with each other.
+  none of its inputs (writes into its own intermediates replay alike), whose sizes do not
+  depend on data, and whose outputs share no storage with its inputs or with each other.
   Anything else runs the compiled function as is;
-* a call that does not match the captured one (other shapes, strides, dtypes or
-  devices), or one made while the caller captures a CUDA graph of their own, runs the
-  compiled function as is.
+* a call made while the caller captures a CUDA graph of their own runs the compiled
+  function as is (counted in :class:`ReplayLog`).
 
-The first call runs the compiled function (it compiles and tunes kernels); the second
-captures, after one warm-up on a side stream as CUDA requires, then times a few replays
-against a few plain calls and keeps replaying only if that is faster: a GPU-bound graph
-gains nothing from a replay and still pays for the input copies and output clones (a
-Llama-shaped decoder on an H100 ran 5% slower replayed, bench/RESULTS.md). The price is
-the graph's private memory pool, held as long as the compiled function lives.
+Shapes. A graph with symbolic sizes (Dynamo's automatic dynamic shapes after a second
+batch size, ``dynamic=True``, ``mark_dynamic``) runs one compiled function for every size,
+taking the sizes as int arguments. A CUDA graph is fixed to the sizes it was captured
+with, so one is captured per *call signature* (:func:`signature`: every tensor's shape,
+strides, dtype and device, every number's value), kept in a bounded
+least-recently-used :class:`ShapeCache` (``replay_shapes`` of the backend, default 8).
+All captures of one compiled function share one memory pool, as Inductor's CUDA-graph
+trees do: each capture's intermediates are scratch reused by the next, and since every
+replay's outputs are cloned out before anything else runs on the stream, one graph's
+replay may overwrite another's outputs in the pool harmlessly. Memory: the pool holds
+about the largest capture's intermediates plus every cached capture's outputs, and each
+capture keeps its own input buffers. A shape that comes back after being evicted means
+the working set of shapes exceeds the bound: rather than capture again and again, such
+shapes run plain, with a warning and a count in the log.
+
+Per signature, the first call runs the compiled function (it compiles and tunes kernels);
+the second captures, after one warm-up on a side stream as CUDA requires, then times
+replays against plain calls, interleaved, and keeps replaying unless plain calls are
+faster by more than :data:`PLAIN_MARGIN`: a GPU-bound graph gains nothing from a replay
+and still pays for the input copies and output clones (a Llama-shaped decoder on an H100
+ran 5% slower replayed, bench/RESULTS.md), while at a tie replay wins, as it frees the
+host (and a noisy tie must not flip a GPU-bound conv net to plain launches).
+:class:`ReplayLog` (``CompiledGraph.replay`` in the backend's reports) says what ran for
+each signature and why.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_flatten, tree_map
 
 from fxopt.analysis import ops
 from fxopt.analysis.alias import storages_of
 
-__all__ = ["GraphReplay", "refusal"]
+__all__ = ["GraphReplay", "ReplayLog", "ShapeBook", "ShapeCache", "refusal", "signature"]
 
 
 def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool) -> str | None:
-    """Why replaying ``gm`` as a CUDA graph could differ from running it (None: it cannot).
+    """Why replaying ``gm`` as CUDA graphs could differ from running it (None: it cannot).
 
     ``gm`` is the torch-level graph handed to Inductor, with Dynamo's example values in
-    ``meta['val']``; ``example_inputs`` are the inputs the compiled function takes.
+    ``meta['val']``; ``example_inputs`` are the inputs the compiled function takes
+    (tensors, and ints or SymInts for the sizes of a graph with dynamic shapes).
     """
     if training:
         return "a training graph (autograd records the call)"
     for index, value in enumerate(example_inputs):
+        if isinstance(value, int | torch.SymInt) and not isinstance(value, bool):
+            continue  # a size: part of the signature a capture is kept under
         if not isinstance(value, torch.Tensor):
-            return f"input {index} is not a tensor ({type(value).__name__})"
+            return f"input {index} is not a tensor or an int ({type(value).__name__})"
         if value.device.type != "cuda":
             return f"input {index} is on {value.device}"
     placeholders = set(gm.graph.find_nodes(op="placeholder"))
@@ -69,11 +93,8 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool
         for written in facts.writes:  # a write into the graph's own tensors replays alike
             if storages_of(_value(written)) & inputs or _value(written) is None:
                 return f"node {node.name} writes input {written.name}"
-        for leaf in tree_flatten(_value(node))[0]:
-            if isinstance(leaf, torch.SymInt | torch.SymFloat | torch.SymBool):
-                return f"node {node.name} has a symbolic value (dynamic shapes)"
-            if isinstance(leaf, torch.Tensor) and any(not isinstance(s, int) for s in leaf.shape):
-                return f"node {node.name} has a dynamic shape"
+        if free_unbacked_symbols(_value(node)):  # e.g. nonzero, .item(): sizes from data
+            return f"node {node.name} has a size that depends on data"
     seen: set = set()
     for index, out in enumerate(tree_flatten(gm.graph.output_node().args[0])[0]):
         value = _value(out) if isinstance(out, fx.Node) else out
@@ -92,100 +113,248 @@ def _value(node: fx.Node) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
 
 
-def _signature(args: Sequence[Any]) -> tuple:
-    return tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
+def signature(args: Sequence[Any]) -> tuple | None:
+    """What a call must match to be served by a capture: each tensor's shape, strides, dtype
+    and device, each number's type and value (the sizes a dynamic-shape graph takes);
+    None if some argument is neither."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.shape, a.stride(), a.dtype, a.device))
+        elif isinstance(a, int | float):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
 
 
-#: calls per timed loop, and loops, when replay is timed against plain calls at capture
-TIMING_CALLS, TIMING_LOOPS = 3, 2
+def describe(key: tuple) -> str:
+    """A signature as a person reads it: ``bfloat16[32, 3, 224, 224]/(150528, 1, 672, 3)``."""
+    parts = []
+    for item in key:
+        if isinstance(item[0], torch.Size):
+            shape, stride, dtype, _ = item
+            parts.append(f"{str(dtype).removeprefix('torch.')}{list(shape)}/{tuple(stride)}")
+        else:
+            parts.append(repr(item[1]))
+    return ", ".join(parts)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ShapeCache(Generic[K, V]):
+    """At most ``bound`` entries, the least recently used evicted first.
+
+    A key that comes back after it was evicted shows a working set larger than the bound:
+    evicting again would make every such call pay a capture, so :meth:`admits` refuses it
+    while the cache is full. The evicted keys are remembered up to ``memory`` of them.
+    """
+
+    def __init__(self, bound: int, memory: int | None = None):
+        if bound < 1:
+            raise ValueError(f"a shape cache holds at least one entry, not {bound}")
+        self.bound = bound
+        self.memory = 4 * bound if memory is None else memory
+        self.entries: OrderedDict[K, V] = OrderedDict()
+        self.evicted: OrderedDict[K, None] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        """The entry under ``key`` (now the most recently used), or None."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
+    def admits(self, key: K) -> bool:
+        """Whether :meth:`insert` would take ``key``: room left, or a key never evicted."""
+        return len(self.entries) < self.bound or key not in self.evicted
+
+    def insert(self, key: K, entry: V) -> tuple[K, V] | None:
+        """Add ``entry`` as the most recently used; returns the (key, entry) evicted for it."""
+        if not self.admits(key):
+            raise ValueError(f"key {key!r} was evicted before and the cache is full")
+        evicted = None
+        if len(self.entries) >= self.bound:
+            evicted = self.entries.popitem(last=False)
+            self.evicted[evicted[0]] = None
+            while len(self.evicted) > self.memory:
+                self.evicted.popitem(last=False)
+        self.evicted.pop(key, None)
+        self.entries[key] = entry
+        return evicted
+
+
+@dataclass
+class ReplayLog:
+    """What a :class:`GraphReplay` did, for the backend's per-graph report."""
+
+    #: the most signatures kept captured (the backend's ``replay_shapes``)
+    bound: int
+    #: per call signature (see :func:`describe`), what runs for it and why
+    shapes: dict[str, str] = field(default_factory=dict)
+    #: captures dropped to make room for a new signature (least recently used first)
+    evictions: int = 0
+    #: calls run plainly because the cache was full and their signature was evicted before
+    at_bound: int = 0
+    #: calls made during the caller's own CUDA-graph capture (run plainly: no nesting)
+    in_capture: int = 0
+
+    def __str__(self) -> str:
+        lines = [f"{shape}: {status}" for shape, status in self.shapes.items()]
+        lines.append(f"{self.evictions} eviction(s), {self.at_bound} call(s) plain at the bound of "
+                     f"{self.bound} shapes, {self.in_capture} call(s) inside the caller's capture")
+        return "\n".join(lines)
+
+
+#: calls per timed loop, and interleaved rounds, when replay is timed against plain calls
+TIMING_CALLS, TIMING_ROUNDS = 3, 3
+#: plain calls must be faster than replays by this fraction to be chosen (ties: replay)
+PLAIN_MARGIN = 0.03
+
+
+@dataclass
+class _Capture:
+    """One signature's state: its CUDA graph once captured, or why it runs plainly."""
+
+    description: str
+    graph: torch.cuda.CUDAGraph | None = None
+    inputs: list[Any] = field(default_factory=list)
+    outputs: Any = None
+    plain: str | None = None
+
+    def release(self) -> None:
+        self.graph, self.inputs, self.outputs = None, [], None
+
+
+class ShapeBook:
+    """The call signatures a :class:`GraphReplay` has seen: the captures kept (a
+    :class:`ShapeCache`) and what ran for each (a :class:`ReplayLog`). Needs no GPU."""
+
+    def __init__(self, bound: int):
+        self.cache: ShapeCache[tuple, _Capture] = ShapeCache(bound)
+        self.log = ReplayLog(bound)
+
+    def lookup(self, key: tuple) -> tuple[_Capture | None, bool]:
+        """The state kept for ``key`` and whether this is its first call (which runs plainly:
+        it compiles and tunes; the second captures); ``(None, False)`` when the cache refuses
+        the signature (full, and the signature was evicted before): it runs plainly."""
+        entry = self.cache.get(key)
+        if entry is not None:
+            return entry, False
+        description = describe(key)
+        if not self.cache.admits(key):
+            self.log.at_bound += 1
+            self.log.shapes[description] = (f"plain: the cache of {self.cache.bound} captured shapes is full "
+                                            f"and this shape was evicted before (raise replay_shapes)")
+            if self.log.at_bound == 1:
+                warnings.warn(f"fxopt backend: more call shapes than replay_shapes={self.cache.bound} keep "
+                              f"coming back; shapes beyond the bound run with plain launches", RuntimeWarning,
+                              stacklevel=4)
+            return None, False
+        entry = _Capture(description)
+        evicted = self.cache.insert(key, entry)
+        if evicted is not None:
+            evicted[1].release()
+            self.log.evictions += 1
+            self.log.shapes[evicted[1].description] = "evicted (least recently used)"
+        self.log.shapes[description] = "first call: plain (compiles); captured at the next call"
+        while len(self.log.shapes) > self.cache.bound + self.cache.memory:
+            del self.log.shapes[next(iter(self.log.shapes))]
+        return entry, True
 
 
 class GraphReplay:
-    """``compiled`` (a function of CUDA tensors) run by replaying a CUDA graph of it.
+    """``compiled`` (a function of CUDA tensors and sizes) run by replaying CUDA graphs of
+    it, one per call signature, at most ``max_shapes`` at a time (see the module's doc)."""
 
-    ``given_up`` is told why, if replay is given up at run time (a failed capture, or
-    plain calls timed faster), so that the backend's report says what really runs.
-    """
-
-    def __init__(self, compiled: Callable, example_inputs: Sequence[torch.Tensor],
-                 given_up: Callable[[str], None] | None = None):
+    def __init__(self, compiled: Callable, *, max_shapes: int = 8):
         self.compiled = compiled
-        self.given_up = given_up
-        self.signature = _signature(example_inputs)
-        self.calls = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static_inputs: list[torch.Tensor] = []
-        self.static_outputs: Any = None
-        #: why replay was given up at run time (None while it is on)
-        self.failure: str | None = None
+        self.book = ShapeBook(max_shapes)
+        self.log = self.book.log
+        self.pool: Any = None  # one memory pool for every capture, made at the first
+        self.stream: torch.cuda.Stream | None = None  # where the last replay ran
 
     def __call__(self, *args: Any) -> Any:
-        if (self.failure is not None or torch.cuda.is_current_stream_capturing()
-                or _signature(args) != self.signature):
+        if torch.cuda.is_current_stream_capturing():
+            self.log.in_capture += 1
             return self.compiled(*args)
-        if self.graph is None:
-            self.calls += 1
-            if self.calls == 1:
-                return self.compiled(*args)
-            return self._capture(args)
-        return self._replay(args)
+        key = signature(args)
+        if key is None:  # not a call Dynamo makes (it passes tensors and sizes): run as is
+            return self.compiled(*args)
+        entry, first = self.book.lookup(key)
+        if entry is None or first or entry.plain is not None:
+            return self.compiled(*args)
+        if entry.graph is not None:
+            return self._replay(entry, args)
+        return self._capture(entry, args)
 
-    def _replay(self, args: Sequence[torch.Tensor]) -> Any:
-        for static, arg in zip(self.static_inputs, args):
-            static.copy_(arg)
-        self.graph.replay()
-        return tree_map(_clone, self.static_outputs)
+    def _replay(self, entry: _Capture, args: Sequence[Any]) -> Any:
+        stream = torch.cuda.current_stream()
+        if stream != self.stream:  # the buffers are shared: no overlap with a replay elsewhere
+            if self.stream is not None:
+                stream.wait_stream(self.stream)
+            self.stream = stream
+        for static, arg in zip(entry.inputs, args):
+            if isinstance(static, torch.Tensor):
+                static.copy_(arg)
+        entry.graph.replay()
+        return tree_map(_clone, entry.outputs)
 
-    def _capture(self, args: Sequence[torch.Tensor]) -> Any:
+    def _capture(self, entry: _Capture, args: Sequence[Any]) -> Any:
         # what replay reads from: the caller's inputs are never part of the graph
-        self.static_inputs = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                              for a in args]
-        for static, arg in zip(self.static_inputs, args):
-            static.copy_(arg)
+        entry.inputs = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                        if isinstance(a, torch.Tensor) else a for a in args]
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.cuda.current_device())
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.device(args[0].device if args else torch.cuda.current_device()):
+            with torch.cuda.device(device):
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):  # CUDA's warm-up before capture
-                    self.compiled(*self.static_inputs)
+                    self.compiled(*entry.inputs)
                 torch.cuda.current_stream().wait_stream(side)
-                with torch.cuda.graph(graph):
-                    outputs = self.compiled(*self.static_inputs)
+                with torch.cuda.graph(graph, pool=self.pool):
+                    outputs = self.compiled(*entry.inputs)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run plainly
-            self._give_up(f"capture failed: {type(exc).__name__}: {exc}")
+            self._run_plain(entry, f"capture failed: {type(exc).__name__}: {exc}")
             warnings.warn(f"fxopt backend: a CUDA graph of the compiled function could not be "
-                          f"captured ({self.failure}); it runs with plain launches", RuntimeWarning,
+                          f"captured ({entry.plain}); this shape runs with plain launches", RuntimeWarning,
                           stacklevel=3)
             return self.compiled(*args)
-        self.graph, self.static_outputs = graph, outputs
-        device = args[0].device if args else torch.cuda.current_device()
-        replayed = _seconds_per_call(lambda: self._replay(args), device)
-        plain = _seconds_per_call(lambda: self.compiled(*args), device)
-        if plain <= replayed:
-            self._give_up(f"plain launches timed faster ({plain * 1e3:.3f} ms a call, "
-                          f"replayed {replayed * 1e3:.3f} ms)")
+        entry.graph, entry.outputs = graph, outputs
+        replayed, plain = _seconds_per_call((lambda: self._replay(entry, args), lambda: self.compiled(*args)),
+                                            device)
+        if plain * (1 + PLAIN_MARGIN) < replayed:
+            self._run_plain(entry, f"plain launches timed faster ({plain * 1e3:.3f} ms a call, "
+                                   f"replayed {replayed * 1e3:.3f} ms)")
             return self.compiled(*args)
-        return self._replay(args)
+        self.log.shapes[entry.description] = (f"replayed ({replayed * 1e3:.3f} ms a call, plain "
+                                              f"{plain * 1e3:.3f} ms)")
+        return self._replay(entry, args)
 
-    def _give_up(self, why: str) -> None:
-        self.failure = why
-        self.graph, self.static_inputs, self.static_outputs = None, [], None
-        if self.given_up is not None:
-            self.given_up(why)
+    def _run_plain(self, entry: _Capture, why: str) -> None:
+        entry.release()
+        entry.plain = why
+        self.log.shapes[entry.description] = f"plain: {why}"
 
 
-def _seconds_per_call(call: Callable[[], Any], device: torch.device | int) -> float:
-    """Best wall time per call of back-to-back calls, as a caller's loop sees it (host and
-    GPU overlap; synchronized at the ends only)."""
-    best = float("inf")
-    for _ in range(TIMING_LOOPS):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(TIMING_CALLS):
-            call()
-        torch.cuda.synchronize(device)
-        best = min(best, (time.perf_counter() - start) / TIMING_CALLS)
+def _seconds_per_call(calls: Sequence[Callable[[], Any]], device: torch.device | int) -> list[float]:
+    """Best wall time per call of back-to-back calls of each of ``calls``, as a caller's
+    loop sees it (host and GPU overlap; synchronized at the ends only), in interleaved
+    rounds so that a drift of the machine hits each alike."""
+    best = [float("inf")] * len(calls)
+    for _ in range(TIMING_ROUNDS):
+        for index, call in enumerate(calls):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(TIMING_CALLS):
+                call()
+            torch.cuda.synchronize(device)
+            best[index] = min(best[index], (time.perf_counter() - start) / TIMING_CALLS)
     return best
 
 

@@ -45,7 +45,7 @@ class Report:
     records: list[PassRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     verified: bool = False
-    #: the measured before/after (a ProfileDiff) when optimize ran with profile=True
+    #: the measured before/after (a ProfileDiff) when optimize ran with profile=fxopt.profile
     profile: Any = None
 
     def walk(self) -> Iterator[tuple[int, PassRecord]]:

@@ -9,8 +9,13 @@ Two formats, tried in this order by ``format="auto"``:
   suffix dropped) written by ``torch.fx.GraphModule.to_folder``: ``module.py`` (the
   generated code: a ``FxModule`` class whose ``forward`` is ``gm.code``), ``state_dict.pt``
   (parameters and buffers), one ``NAME.pt`` per submodule that is not a plain
-  ``torch.nn`` layer, and ``__init__.py``. ``module.py`` refers to those files by absolute
-  path: move the folder and they must be re-saved.
+  ``torch.nn`` layer, and ``__init__.py``. ``module.py`` finds those files next to itself,
+  so the folder can be copied or moved.
+
+Loading the ``code`` format runs Python: ``module.py`` is imported, and each ``NAME.pt``
+is a pickled module (``torch.load(..., weights_only=False)``), which can run any code;
+only ``state_dict.pt`` loads with ``weights_only=True``. As with ``torch.load``, load only
+folders you trust. The ``pt2`` format holds no Python.
 
 Either way the program may call fxopt's own operators (``torch.ops.fxopt.*``,
 ``torch.ops.fxopt_quant.*``): :func:`load_program` registers them before loading; other
@@ -20,6 +25,7 @@ readers ``import fxopt.fused_ops, fxopt.quant.ops`` first.
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -58,7 +64,9 @@ def save_program(gm: fx.GraphModule, path: str | Path, example_inputs: Sequence[
         raise SaveError(f"cannot write the code folder {folder}: a file of that name exists")
     existed = folder.exists()
     try:
-        _without_annotations(gm).to_folder(folder.resolve(), "FxModule")  # paths it writes: absolute
+        folder.parent.mkdir(parents=True, exist_ok=True)  # to_folder makes only the last level
+        _without_annotations(gm).to_folder(folder.resolve(), "FxModule")
+        _load_from_own_folder(folder / "module.py", folder.resolve())
     except Exception as exc:
         if not existed:  # leave no half-written folder behind
             shutil.rmtree(folder, ignore_errors=True)
@@ -66,8 +74,36 @@ def save_program(gm: fx.GraphModule, path: str | Path, example_inputs: Sequence[
     return folder, "code"
 
 
+#: a ``torch.load`` of a file in the folder, as ``to_folder`` writes it: ``torch.load(r'PATH'...)``
+_LOAD = re.compile(r"torch\.load\(r'(?P<path>[^']+)'(?P<rest>[^)]*)\)")
+_PREAMBLE = "import pathlib\n_HERE = pathlib.Path(__file__).resolve().parent  # the saved folder\n"
+
+
+def _load_from_own_folder(module_file: Path, folder: Path) -> None:
+    """Rewrite ``to_folder``'s ``module.py`` to load its files from the folder it is in, not
+    the absolute path it was written to, and the state dict (tensors only) with
+    ``weights_only=True``. Raises if an absolute path is left (a ``to_folder`` this does
+    not know): a folder that breaks once moved is not written."""
+    def relative(match: re.Match) -> str:
+        path = Path(match["path"])
+        if path.parent != folder:
+            return match[0]
+        if path.name == "state_dict.pt":
+            return "torch.load(_HERE / 'state_dict.pt', weights_only=True)"
+        return f"torch.load(_HERE / {path.name!r}{match['rest']})"
+
+    code = _LOAD.sub(relative, module_file.read_text())
+    if str(folder) in code:
+        raise SaveError(f"{module_file} names its folder by absolute path in a way fxopt does not rewrite")
+    module_file.write_text(_PREAMBLE + code)
+
+
 def load_program(path: str | Path) -> nn.Module:
-    """A module that runs the program :func:`save_program` wrote at ``path`` (either format)."""
+    """A module that runs the program :func:`save_program` wrote at ``path`` (either format).
+
+    For the ``code`` format this imports the folder's ``module.py`` and unpickles its
+    ``NAME.pt`` submodules: it runs Python from the folder, like ``torch.load`` with
+    ``weights_only=False``. Load only folders you trust."""
     import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
     import fxopt.quant.ops  # noqa: F401 - registers torch.ops.fxopt_quant.*
 

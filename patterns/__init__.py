@@ -17,13 +17,15 @@ A pattern written with any spelling of an op matches every spelling of it
     fxopt.optimize(gm, passes=["my_fusion"])              # or as a registered pass
 
 Constraints: ``fp.rule(pattern, replacement, x=fp.dtype_in(torch.half), where=...)``;
-a per-match veto: ``fp.rule(..., callback=lambda m: ...)``.
+a per-match veto: ``fp.rule(..., callback=lambda m: ...)``; a replacement chosen per match:
+``fp.rule(pattern, replacement_callback=lambda m: ...)``.
 Why something did not match: ``print(fp.explain(gm, pattern, "relu_3"))``.
-Porting a ``torch.fx`` script: ``fp.replace_pattern`` has its signature and return type.
+Porting a ``torch.fx`` script: ``fp.replace_pattern`` and ``fp.replace_pattern_with_filters``
+have its signatures and return types.
 """
 
 from fxopt.patterns.canon import Canon, ParamRef, canonicalize
-from fxopt.patterns.compat import replace_pattern
+from fxopt.patterns.compat import replace_pattern, replace_pattern_with_filters
 from fxopt.patterns.constraints import (
     dtype_in,
     equals,
@@ -47,9 +49,6 @@ from fxopt.patterns.rules import (
 )
 
 import fxopt.fused_ops  # noqa: F401 - the torch.ops.fxopt.* ops replacements call
-
-#: torch.fx's other name for the same entry point
-replace_pattern_with_filters = replace_pattern
 
 __all__ = [
     "ANY", "Canon", "Match", "ParamRef", "Rewrite", "Rule", "RulePass", "apply_rules",

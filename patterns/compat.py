@@ -1,18 +1,21 @@
-"""``replace_pattern`` with torch.fx's signature, semantics and return type.
+"""``replace_pattern`` and ``replace_pattern_with_filters`` with torch.fx's signatures,
+semantics and return types.
 
 A script written against ``torch.fx.subgraph_rewriter`` ports by changing one import::
 
-    from fxopt.patterns import replace_pattern   # was: from torch.fx.subgraph_rewriter import ...
+    from fxopt.patterns import replace_pattern_with_filters   # was: from torch.fx.subgraph_rewriter ...
 
-    matches = replace_pattern(gm, pattern, replacement, match_filters=[...])
+    matches = replace_pattern_with_filters(gm, pattern, replacement, match_filters=[...])
 
 Patterns and replacements may be functions, ``nn.Module`` s, ``GraphModule`` s or
 ``fx.Graph`` s; replacement arguments pair with pattern arguments by position; filters and
 ``replacement_callback`` receive torch's ``InternalMatch``, the graph and the pattern
-graph; attributes a replacement module uses are copied into ``gm`` unless ``gm`` already
-has one of that name, and unused submodules are deleted afterwards. The result is torch's
-``ReplacedPatterns`` list. What differs (every spelling of an op matches, linear time,
-soundness refusals, ``meta['val']`` on new nodes) is in ``docs/replace_pattern.md``.
+graph; attributes (submodules, parameters, buffers, constants) a replacement uses are
+copied into ``gm`` unless ``gm`` already has one of that name, and unused submodules are
+deleted afterwards. ``replace_pattern`` returns torch's ``Match`` list,
+``replace_pattern_with_filters`` its ``ReplacedPatterns`` list. What differs (every
+spelling of an op matches, linear time, soundness refusals, ``meta['val']`` on new nodes)
+is in ``docs/replace_pattern.md``.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.matcher import Match
 from fxopt.patterns.pattern import (
-    CompiledPattern,
-    CompiledReplacement,
     PatternSource,
     compile_pattern,
     compile_replacement,
     describe,
+    per_match,
 )
 from fxopt.patterns.rules import Rewrite, Rule, apply_once
 from torch.fx.passes.utils.matcher_utils import InternalMatch
+from torch.fx.subgraph_rewriter import Match as TorchMatch
 from torch.fx.subgraph_rewriter import ReplacedPatterns
 
 from fxopt.errors import PatternError
@@ -55,13 +58,24 @@ def internal_match(m: Match) -> InternalMatch:
                          returning_nodes=m.outputs)
 
 
-def replace_pattern(gm: fx.GraphModule, pattern: PatternSource, replacement: PatternSource | None = None,
-                    match_filters: Sequence[MatchFilter] | None = None, ignore_literals: bool = False,
-                    replacement_callback: Callable[[InternalMatch, fx.Graph, fx.Graph], fx.Graph] | None = None,
-                    ) -> list[ReplacedPatterns]:
+def replace_pattern(gm: fx.GraphModule, pattern: PatternSource,
+                    replacement: PatternSource | None = None) -> list[TorchMatch]:
     """Replace every sound, non-overlapping match of ``pattern`` in ``gm`` (torch.fx's
-    ``replace_pattern_with_filters``); returns one ``ReplacedPatterns`` (anchor,
-    nodes_map, replacements) per rewrite, in graph order, and recompiles ``gm``.
+    ``replace_pattern``); returns one torch ``Match`` (anchor, nodes_map) per rewrite, in
+    graph order, and recompiles ``gm``. Errors as :func:`replace_pattern_with_filters`."""
+    return [TorchMatch(r.anchor, r.nodes_map) for r in replace_pattern_with_filters(gm, pattern, replacement)]
+
+
+def replace_pattern_with_filters(
+        gm: fx.GraphModule, pattern: PatternSource, replacement: PatternSource | None = None,
+        match_filters: Sequence[MatchFilter] | None = None, ignore_literals: bool = False,
+        replacement_callback: Callable[[InternalMatch, fx.Graph, fx.Graph], fx.Graph] | None = None,
+) -> list[ReplacedPatterns]:
+    """Replace every sound, non-overlapping match of ``pattern`` in ``gm`` that all
+    ``match_filters`` accept (torch.fx's ``replace_pattern_with_filters``), with
+    ``replacement`` or, per match, the graph ``replacement_callback`` returns; returns one
+    ``ReplacedPatterns`` (anchor, nodes_map, replacements) per rewrite, in graph order,
+    and recompiles ``gm``.
 
     Raises :class:`fxopt.errors.PatternError` for an untraceable pattern or replacement,
     or one whose arguments do not pair with the pattern's (the graph is untouched), and
@@ -80,7 +94,9 @@ def replace_pattern(gm: fx.GraphModule, pattern: PatternSource, replacement: Pat
 
     r = Rule(compiled, fixed, f"replace_pattern({describe(pattern)})",
              callback=accept if filters else None,
-             replacement_for=_per_match(replacement_callback, compiled, gm) if replacement_callback else None)
+             replacement_for=None if replacement_callback is None else per_match(
+                 lambda m: replacement_callback(internal_match(m), gm.graph, compiled.graph), compiled,
+                 positional=True))
     records: list[Rewrite] = []
     apply_once(gm, [r], pass_name="replace_pattern", max_rounds=1, records=records,
                keep_existing_attrs=True)
@@ -90,11 +106,3 @@ def replace_pattern(gm: fx.GraphModule, pattern: PatternSource, replacement: Pat
     return [ReplacedPatterns(rec.match.anchor, internal_match(rec.match).nodes_map, rec.replacements)
             for rec in records]
 
-
-def _per_match(callback: Callable[[InternalMatch, fx.Graph, fx.Graph], fx.Graph],
-               compiled: CompiledPattern, gm: fx.GraphModule) -> Callable[[Match], CompiledReplacement]:
-    def replacement_for(m: Match) -> CompiledReplacement:
-        return compile_replacement(callback(internal_match(m), gm.graph, compiled.graph), compiled,
-                                   positional=True)
-
-    return replacement_for

@@ -1,34 +1,58 @@
-"""``meta['val']`` for the nodes a rewrite creates, without running user code.
+"""``meta['val']`` for the nodes a rewrite creates: FakeTensor propagation that runs only
+torch's own code.
 
-New nodes get their fake values by running their *targets* on fake copies of their inputs'
-values, under the inputs' fake mode (a fresh one when the graph carries real tensors).
-Only code torch (or fxopt) owns ever runs: ATen and prims overloads without a Python
-fake kernel, fxopt's own ops,
-callables torch exports (identified by identity, :func:`fxopt.analysis.ops.torch_name`),
-``operator`` built-ins and public ``Tensor`` methods. Inputs are copied first, so an
-in-place op never changes an existing node's metadata (a placeholder's least of all);
-values of any other type (a user's class, a tensor subclass, a quantized tensor, a
-cyclic container) are never touched, and fake tensors from two different modes are not
-mixed. A node that cannot be evaluated that way has no ``meta['val']``, except that a
-value annotated on a replacement graph's node is kept where its inputs are unchanged.
+New nodes get their values the way FakeTensor propagation of the whole graph would give
+them: their targets run under the inputs' fake mode, *on the inputs' own fake values*, so
+a view of an input (``reshape``, ``view``, ``x[:, 0]``) shares that input's fake storage.
+Real tensors in the graph become fake tensors of one fresh mode per graph (the same real
+tensor is the same fake tensor in every rewrite, so aliases between rewrites survive too).
+An op that writes in place runs on fresh fake copies of its inputs instead, so an existing
+node's metadata (a placeholder's least of all) never changes.
+
+Only code torch (or fxopt) owns ever runs:
+
+- targets: ATen, torch's own prims and fxopt's ops, callables torch exports (by identity,
+  :func:`fxopt.analysis.ops.torch_name`), ``operator`` built-ins, and public ``Tensor``
+  methods implemented by torch (not one a user patched onto ``torch.Tensor``);
+- every op actually dispatched is checked as it is reached (:class:`_TorchCodeOnly`): no
+  Python fake kernel, fake-mode rule or kernel (a Meta override, say) registered for it by
+  anyone but torch, no data-dependent output (which would add unbacked symbols to the
+  graph's shape environment);
+- while values are computed, the user's dispatch modes are off, the fake mode may not fall
+  back to running real kernels, and the shape environment refuses new guards (an op that
+  would need one gets no value rather than changing what the graph assumes). These
+  settings belong to a mode other code may share, so evaluation is serialized by a lock
+  and the settings are always put back.
+
+Values of any other type (a user's class, a tensor subclass, a quantized or nested tensor,
+a cyclic container) are never touched, and fake tensors of two modes are not mixed. A
+node that cannot be evaluated this way has no ``meta['val']``, except that a value
+annotated on a replacement graph's node is kept where its inputs are unchanged.
 """
 
 from __future__ import annotations
 
 import operator
+import os
+import re
+import threading
 import types
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch._prims  # noqa: F401 - torch's prims, whose fake kernels are torch's own
 import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.pattern import lookup_attr
 from torch._library.simple_registry import singleton as _python_kernels
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.immutable_collections import immutable_dict, immutable_list
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from fxopt.analysis.ops import torch_name
+from fxopt.analysis.ops import mutated_inputs, torch_name
 from fxopt.analysis.shapes import record_value
 
 
@@ -36,18 +60,32 @@ class _Unsafe(Exception):
     """A value or target that must not be touched."""
 
 
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-          torch.memory_format, torch.SymInt, torch.SymFloat, torch.SymBool)
-_SEQUENCES = (list, tuple, immutable_list, torch.Size)
-_MAPPINGS = (dict, immutable_dict)
-_TRUSTED_NAMESPACES = ("aten", "prims")
+def _ids(*kinds: type) -> frozenset[int]:
+    # types are compared by identity: a user's metaclass never sees __eq__ or __hash__
+    return frozenset(id(k) for k in kinds)
+
+
+_PLAIN = _ids(int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+              torch.memory_format, torch.SymInt, torch.SymFloat, torch.SymBool)
+_SEQUENCES = _ids(list, tuple, immutable_list, torch.Size)
+_MAPPINGS = _ids(dict, immutable_dict)
+_TENSORS = _ids(FakeTensor, torch.Tensor, nn.Parameter)
 _OWN_NAMESPACE = "fxopt"  # fxopt's own ops (torch.ops.fxopt.*): their fake kernels are ours
+#: ops whose output shape or value depends on data: a fake run invents unbacked symbols
+_DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+#: a dispatcher table line of an active kernel (or of the schema, ``debug``), with the file
+#: that registered it
+_ACTIVE_KERNEL = re.compile(r"^[\w\[\]]+: registered at (.+?):\d+")
+_TORCH_DIR = os.path.normpath(os.path.dirname(torch.__file__)) + os.sep
+#: torch.library's own files: what they register, they register on a caller's behalf
+_TORCH_REGISTRARS = (os.path.join(_TORCH_DIR, "library.py"), os.path.join(_TORCH_DIR, "_library") + os.sep)
+_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
 
 
 def _walk(value: Any, visit: Any, memo: dict[int, Any], active: set[int]) -> Any:
     """``value`` rebuilt with ``visit`` applied to its tensors; containers of exact
     built-in types only, shared containers stay shared, cycles are unsafe."""
-    kind = type(value)
+    kind = id(type(value))
     if kind in _PLAIN:
         return value
     key = id(value)
@@ -55,23 +93,23 @@ def _walk(value: Any, visit: Any, memo: dict[int, Any], active: set[int]) -> Any
         return memo[key]
     if key in active:
         raise _Unsafe("cyclic value")
-    if kind is FakeTensor or kind is torch.Tensor or kind is nn.Parameter:
+    if kind in _TENSORS:
         result = visit(value)
     elif kind in _SEQUENCES or kind in _MAPPINGS:
         active.add(key)
         if kind in _MAPPINGS:
-            result = kind((_walk(k, visit, memo, active), _walk(v, visit, memo, active))
-                          for k, v in dict.items(value))
+            result = type(value)((_walk(k, visit, memo, active), _walk(v, visit, memo, active))
+                                 for k, v in dict.items(value))
         else:
-            result = kind(_walk(v, visit, memo, active) for v in value)
+            result = type(value)(_walk(v, visit, memo, active) for v in value)
         active.discard(key)
     else:
-        raise _Unsafe(f"value of type {kind.__qualname__}")
+        raise _Unsafe("value of an unsupported type")
     memo[key] = result
     return result
 
 
-def _modes(values: Iterable[Any]) -> set[FakeTensorMode]:
+def _modes(values: Iterable[Any]) -> list[FakeTensorMode]:
     found: dict[int, FakeTensorMode] = {}
 
     def visit(t: torch.Tensor) -> torch.Tensor:
@@ -82,71 +120,198 @@ def _modes(values: Iterable[Any]) -> set[FakeTensorMode]:
     for value in values:
         try:
             _walk(value, visit, {}, set())
-        except _Unsafe:
+        except (_Unsafe, RecursionError):  # values never evaluated; too deep to walk
             pass
-    return set(found.values())
+    return list(found.values())
 
 
-class _Copier:
-    """Fake copies of input values, in one mode, aliases preserved across arguments."""
+#: graph -> the fake mode its real tensors are converted in (one per graph, so one real
+#: tensor is one fake tensor across rewrites)
+_FRESH_MODES: weakref.WeakKeyDictionary[fx.Graph, FakeTensorMode] = weakref.WeakKeyDictionary()
 
-    def __init__(self, mode: FakeTensorMode):
-        self.mode = mode
-        self.memo: dict[int, Any] = {}
 
-    def __call__(self, value: Any) -> Any:
-        return _walk(value, self._tensor, self.memo, set())
+def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
+    """The mode to evaluate in: the inputs' fake mode, or the graph's fresh one when they
+    carry real tensors only; None for two modes or a mode with Python of its own."""
+    modes = _modes(values)
+    if len(modes) > 1:  # fake tensors of two modes cannot meet in one computation
+        return None
+    if modes:
+        return modes[0] if type(modes[0]) is FakeTensorMode else None
+    mode = _FRESH_MODES.get(graph)
+    if mode is None:
+        mode = _FRESH_MODES[graph] = FakeTensorMode(allow_fallback_kernels=False)
+    return mode
 
-    def _tensor(self, t: torch.Tensor) -> torch.Tensor:
+
+class _Values:
+    """The fake values an op runs on: the inputs' own (a real tensor converted once per
+    mode), or for an op that writes in place, fresh fake copies of them; and the guard
+    they run under."""
+
+    def __init__(self, mode: FakeTensorMode, guard: _TorchCodeOnly):
+        self.mode, self.guard = mode, guard
+        self.own: dict[int, Any] = {}
+        self.copies: dict[int, Any] = {}
+
+    def __call__(self, value: Any, copy: bool = False) -> Any:
+        if copy:
+            return _walk(self(value), self._copy, self.copies, set())
+        return _walk(value, self._fake, self.own, set())
+
+    def _fake(self, t: torch.Tensor) -> torch.Tensor:
         if type(t) is FakeTensor:
             if t.fake_mode is not self.mode:
                 raise _Unsafe("fake tensors of two modes")
-            with self.mode:
-                return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            return t
         if t.is_quantized or t.layout is not torch.strided or t.is_nested:
             raise _Unsafe("unsupported tensor")
         return self.mode.from_tensor(t, static_shapes=True)
 
-
-def _trusted_overload(op: torch._ops.OpOverload) -> bool:
-    return op.namespace == _OWN_NAMESPACE or op.namespace in _TRUSTED_NAMESPACES and \
-        _python_kernels.find(op._schema.name).fake_impl.kernel is None
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
-def _safe_target(node: fx.Node) -> bool:
+def _torch_kernels(op: torch._ops.OpOverload) -> bool:
+    """Whether every active kernel of ``op`` is compiled or registered by torch's own Python
+    (meta registrations, refs): a kernel registered through ``torch.library`` from anyone
+    else's code (``lib.impl("neg", f, "Meta")``) is recorded as registered there."""
+    for line in torch._C._dispatch_dump(op.name()).splitlines():
+        found = _ACTIVE_KERNEL.match(line)
+        if found is None:
+            continue
+        source = os.path.normpath(found.group(1))
+        if source.endswith(".py") and (not source.startswith(_TORCH_DIR) or source.startswith(_TORCH_REGISTRARS)):
+            return False
+    return True
+
+
+def _torch_owned(op: torch._ops.OpOverload) -> bool:
+    """Whether running ``op`` under a fake mode runs torch's (or fxopt's) code only."""
+    if op.namespace in (_OWN_NAMESPACE, "prim"):  # fxopt's ops; TorchScript's builtins (C++)
+        return True
+    if any(tag in op.tags for tag in _DATA_DEPENDENT):
+        return False
+    if op.namespace == "prims":  # torch's prims carry their meta function as a fake kernel
+        return getattr(torch._prims, op._opname, None) is op.overloadpacket.default
+    if op.namespace != "aten" or getattr(op, "_defined_in_python", False):
+        return False
+    schema = op._schema
+    registered = getattr(_python_kernels, "get", None) or _python_kernels.find  # no get: older torch
+    for qualname in (schema.name, f"{schema.name}.{schema.overload_name}"):
+        entry = registered(qualname)
+        if entry is not None and (entry.fake_impl.kernel is not None
+                                  or entry.torch_dispatch_rules.find(FakeTensorMode) is not None):
+            return False
+    return _torch_kernels(op)
+
+
+class _TorchCodeOnly(TorchDispatchMode):
+    """Refuses, as it is dispatched, any op whose fake run would execute someone else's
+    Python (see :func:`_torch_owned`). Registrations cannot change while it is active
+    (only torch's code runs), so each op's verdict is worked out once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: dict[torch._ops.OpOverload, bool] = {}
+
+    def owned(self, op: torch._ops.OpOverload) -> bool:
+        verdict = self.verdicts.get(op)
+        if verdict is None:
+            verdict = self.verdicts[op] = _torch_owned(op)
+        return verdict
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not self.owned(func):
+            raise _Unsafe(f"{func} would run code torch does not own")
+        return func(*args, **(kwargs or {}))
+
+
+_LOCK = threading.RLock()
+
+
+@contextmanager
+def _evaluating(mode: FakeTensorMode) -> Iterator[_TorchCodeOnly]:
+    """Run ops for their fake values only: the user's dispatch modes off, no fallback to
+    real kernels, no new guards, every dispatched op checked; the mode's settings restored."""
+    shape_env = mode.shape_env
+    with _LOCK, ExitStack() as stack:
+        stack.enter_context(_disable_current_modes())
+        fallback = mode.allow_fallback_kernels
+        mode.allow_fallback_kernels = False
+        stack.callback(setattr, mode, "allow_fallback_kernels", fallback)
+        if shape_env is not None:
+            stack.enter_context(shape_env.error_on_new_guards() if hasattr(shape_env, "error_on_new_guards")
+                                else _frozen(shape_env))
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(mode)
+        yield stack.enter_context(_TorchCodeOnly())
+
+
+@contextmanager
+def _frozen(shape_env: Any) -> Iterator[None]:
+    """``ShapeEnv.error_on_new_guards`` for torch versions without it (2.11): there a frozen
+    environment only logs a guard it ignores, so ``_check_frozen`` (which every guard passes
+    through, on all supported versions) is made to raise on this instance: the op then gets
+    no value, instead of one that holds only under an unrecorded guard."""
+    def refuse(expr: Any, concrete_val: Any = None) -> None:
+        raise _Unsafe(f"a new guard {expr} == {concrete_val}")
+
+    saved = shape_env.frozen
+    shape_env.frozen = True
+    shape_env._check_frozen = refuse
+    try:
+        yield
+    finally:
+        shape_env.frozen = saved
+        del shape_env._check_frozen
+
+
+def _torch_method(name: Any) -> bool:
+    """A public ``Tensor`` method implemented by torch (not one patched onto the class)."""
+    if type(name) is not str or name.startswith("_"):
+        return False
+    method = getattr(torch.Tensor, name, None)
+    if isinstance(method, _C_METHODS):
+        return True
+    return isinstance(method, types.FunctionType) and method.__module__.startswith("torch.")
+
+
+def _safe_target(node: fx.Node, guard: _TorchCodeOnly) -> bool:
     target = node.target
     if node.op == "call_method":
-        return type(target) is str and not target.startswith("_") and \
-            callable(getattr(torch.Tensor, target, None))
+        return _torch_method(target)
     if node.op != "call_function":
         return False
     kind = type(target)
     if kind is torch._ops.OpOverload:
-        return _trusted_overload(target)
-    if kind is torch._ops.OpOverloadPacket:
-        return all(
-            _trusted_overload(getattr(target, o)) for o in target.overloads())
+        return guard.owned(target)
+    if kind is torch._ops.OpOverloadPacket:  # the overload that runs is checked when dispatched
+        return target._qualified_op_name.split("::")[0] in ("aten", "prims", _OWN_NAMESPACE)
     if kind is types.BuiltinFunctionType and getattr(operator, getattr(target, "__name__", ""), None) is target:
         return True
     return torch_name(target) is not None
 
 
 _SKIP = object()
+_NUMBERS = _ids(int, float, bool)  # attributes that are their own value (a constant a replacement reads)
 
 
-def _evaluate(gm: fx.GraphModule, node: fx.Node, copy: _Copier, invalid: set[fx.Node]) -> Any:
+def _evaluate(gm: fx.GraphModule, node: fx.Node, values: _Values, invalid: set[fx.Node]) -> Any:
     if node.op == "get_attr":
         value = lookup_attr(gm, node.target)
-        return copy(value) if type(value) in (torch.Tensor, nn.Parameter) else _SKIP
-    if not _safe_target(node) or any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
+        if id(type(value)) in _TENSORS:
+            return values(value)
+        return value if id(type(value)) in _NUMBERS else _SKIP
+    if not _safe_target(node, values.guard) or any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
         return _SKIP
-    args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: copy(n.meta["val"]))
-    with copy.mode, torch.no_grad():
-        if node.op == "call_method":
-            if type(args[0]) is not FakeTensor:
-                return _SKIP
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
-        return node.target(*args, **kwargs)
+    writes = bool(mutated_inputs(node))
+    args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: values(n.meta["val"], copy=writes))
+    if node.op == "call_method":
+        if type(args[0]) is not FakeTensor:
+            return _SKIP
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
 
 
 def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
@@ -155,23 +320,23 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
     if not any("val" in n.meta or any("val" in i.meta for i in n.all_input_nodes) for n in created):
         return
     mine = set(created)
-    inputs = [i for n in created for i in n.all_input_nodes if i not in mine]
-    modes = _modes(i.meta.get("val") for i in inputs)
-    # fake tensors of two modes cannot meet in one computation
-    copy = None if len(modes) > 1 else _Copier(modes.pop() if modes else FakeTensorMode())
+    inputs = [i.meta.get("val") for n in created for i in n.all_input_nodes if i not in mine]
+    mode = _mode_for(gm.graph, inputs)
     invalid: set[fx.Node] = set()
-    for node in created:
-        value = _SKIP
-        if copy is not None:
-            try:
-                value = _evaluate(gm, node, copy, invalid)
-                _walk(value, lambda t: t, {}, set())  # a result we can store
-            except Exception:  # an op fake tensors cannot run (data-dependent, bad inputs)
-                value = _SKIP
-        if value is not _SKIP:
-            record_value(node, value)
-        elif node.op in ("call_module", "get_attr") or "val" not in node.meta or \
-                any(i in invalid for i in node.all_input_nodes) or copy is None:
-            invalid.add(node)
-            node.meta.pop("val", None)
-            node.meta.pop("tensor_meta", None)
+    with _evaluating(mode) if mode is not None else nullcontext() as guard:
+        values = None if mode is None else _Values(mode, guard)
+        for node in created:
+            value = _SKIP
+            if values is not None:
+                try:
+                    value = _evaluate(gm, node, values, invalid)
+                    _walk(value, lambda t: t, {}, set())  # a result we can store
+                except Exception:  # an op fake tensors cannot run (data-dependent, bad inputs, refused)
+                    value = _SKIP
+            if value is not _SKIP:
+                record_value(node, value)
+            elif node.op in ("call_module", "get_attr") or "val" not in node.meta or \
+                    any(i in invalid for i in node.all_input_nodes) or values is None:
+                invalid.add(node)
+                node.meta.pop("val", None)
+                node.meta.pop("tensor_meta", None)

@@ -269,6 +269,23 @@ def compile_replacement(fn: PatternSource, pattern: CompiledPattern, *,
                                _written_holes(body, binding))
 
 
+def per_match(callback: Callable[[Any], PatternSource], pattern: CompiledPattern, *,
+              positional: bool = False) -> Callable[[Any], CompiledReplacement]:
+    """A replacement chosen per match: ``callback(match)`` returns a function, module or
+    graph, compiled (and checked against the pattern) like a fixed replacement. The last
+    one compiled is reused while the callback keeps returning it, so a callback that picks
+    among a few replacements traces each at most once in a row."""
+    last: list[Any] = [None, None]
+
+    def replacement_for(m: Any) -> CompiledReplacement:
+        source = callback(m)
+        if last[0] is not source:
+            last[:] = [source, compile_replacement(source, pattern, positional=positional)]
+        return last[1]
+
+    return replacement_for
+
+
 def _written_holes(body: list[fx.Node], binding: dict[fx.Node, str]) -> frozenset[str]:
     """Pattern arguments the replacement writes into: a write reaches every input its
     target may alias (op facts; an unknown op may alias all of its inputs)."""

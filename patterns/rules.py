@@ -35,6 +35,7 @@ from fxopt.patterns.pattern import (
     compile_pattern,
     compile_replacement,
     lookup_attr,
+    per_match,
 )
 
 from fxopt.errors import AnalysisError, PatternError, RuleError
@@ -65,7 +66,8 @@ class Rule:
     constraints: dict[str, Constraint] = field(default_factory=dict)
     where: tuple[Callable[[Match], bool], ...] = ()
     callback: Callable[[Match], bool | None] | None = None
-    #: a replacement chosen per match (torch.fx's ``replacement_callback``)
+    #: a replacement chosen per match (``rule(..., replacement_callback=...)``, torch.fx's
+    #: ``replacement_callback``); wins over ``replacement``
     replacement_for: Callable[[Match], CompiledReplacement] | None = None
 
     def replacement_of(self, m: Match) -> CompiledReplacement:
@@ -116,25 +118,35 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def rule(pattern: PatternSource, replacement: PatternSource, *, name: str | None = None,
+def rule(pattern: PatternSource, replacement: PatternSource | None = None, *, name: str | None = None,
          where: Callable[[Match], bool] | Sequence[Callable[[Match], bool]] = (),
          callback: Callable[[Match], bool | None] | None = None,
+         replacement_callback: Callable[[Match], PatternSource] | None = None,
          **constraints: Constraint) -> Rule:
-    """Create a rule: both functions are traced and checked now, once.
+    """Create a rule: the pattern and a fixed replacement are traced and checked now, once.
+
+    Instead of a fixed ``replacement``, ``replacement_callback(match)`` may return the
+    replacement (function, module or graph) for each match that passed the constraints;
+    it is checked against the pattern like a fixed one, when it is returned.
 
     Raises :class:`fxopt.errors.PatternError` for an untraceable function, unused
-    pattern arguments or dead code, a replacement that does not fit the pattern, or a
-    constraint on an argument the pattern does not have.
+    pattern arguments or dead code, a replacement that does not fit the pattern (or
+    neither or both of ``replacement`` and ``replacement_callback``), or a constraint on
+    an argument the pattern does not have.
     """
     compiled = compile_pattern(pattern)
-    replacement_graph = compile_replacement(replacement, compiled)
+    if (replacement is None) == (replacement_callback is None):
+        raise PatternError(f"rule for pattern {compiled.signature}: give a replacement or a "
+                           "replacement_callback (one of them)")
+    fixed = None if replacement is None else compile_replacement(replacement, compiled)
+    chosen = None if replacement_callback is None else per_match(replacement_callback, compiled)
     holes = {h.target for h in compiled.holes}
     for key in constraints:
         if key not in holes:
             raise PatternError(f"constraint on {key!r}: pattern {compiled.signature} has no such argument")
     where_tuple = (where,) if callable(where) else tuple(where)
-    return Rule(compiled, replacement_graph, name or getattr(pattern, "__name__", "rule"),
-                dict(constraints), where_tuple, callback)
+    return Rule(compiled, fixed, name or getattr(pattern, "__name__", "rule"),
+                dict(constraints), where_tuple, callback, chosen)
 
 
 @dataclass
@@ -410,21 +422,22 @@ def _del_attr(root: nn.Module, target: str) -> None:
 
 # --- one-shot use, explanations, passes --------------------------------------------------
 
-def _as_rule(pattern: Callable | Rule, replacement: Callable | None, where: Any,
-             constraints: dict[str, Constraint]) -> Rule:
+def _as_rule(pattern: Callable | Rule, replacement: PatternSource | None, where: Any,
+             constraints: dict[str, Constraint],
+             replacement_callback: Callable[[Match], PatternSource] | None = None) -> Rule:
     if isinstance(pattern, Rule):
         return pattern
-    if replacement is None:
-        raise PatternError("replace() needs a replacement function (or pass a Rule)")
-    return rule(pattern, replacement, where=where, **constraints)
+    return rule(pattern, replacement, where=where, replacement_callback=replacement_callback, **constraints)
 
 
-def replace(gm: fx.GraphModule, pattern: Callable | Rule, replacement: Callable | None = None, *,
+def replace(gm: fx.GraphModule, pattern: Callable | Rule, replacement: PatternSource | None = None, *,
             where: Callable[[Match], bool] | Sequence[Callable[[Match], bool]] = (),
+            replacement_callback: Callable[[Match], PatternSource] | None = None,
             **constraints: Constraint) -> int:
     """One-shot rewrite, like ``torch.fx.subgraph_rewriter.replace_pattern`` but matching
-    every spelling: returns the number of rewrites and recompiles ``gm``."""
-    r = _as_rule(pattern, replacement, where, constraints)
+    every spelling: returns the number of rewrites and recompiles ``gm``. The replacement
+    may be chosen per match (``replacement_callback``, see :func:`rule`)."""
+    r = _as_rule(pattern, replacement, where, constraints, replacement_callback)
     count = sum(apply_once(gm, [r]).values())
     if count:
         gm.recompile()

@@ -1,7 +1,7 @@
 """The profile on the graph: a heat map of node time/memory and the live-memory curve.
 
 :func:`profile_section` is the report's "profile" section (``fxopt.optimize(...,
-profile=True)`` puts a before/after profile in the report); :func:`profile_html` is a page
+profile=fxopt.profile)`` puts a before/after profile in the report); :func:`profile_html` is a page
 of its own for a single :class:`~fxopt.profiling.Profile` (``fxopt profile --report``).
 The heat map is the graph drawn with :func:`~fxopt.visualize.graph.to_dot`'s overlay
 (node colour = share of the time, or of the bytes allocated, with a legend); the curve is
@@ -15,6 +15,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
+from .figures import Figures, asset
 from .graph import to_dot
 from .memory import human_bytes
 
@@ -112,25 +113,6 @@ def profile_section(profile: Any, figure: Figure, title: str = "profile", diff: 
 def profile_html(profile: Any, *, title: str = "fxopt profile", renderer: Any = None,
                  timeout: float | None = 120) -> str:
     """A self-contained page for one profile (heat maps, tables, memory curve)."""
-    from .report import _asset, _Page  # the report's figure drawing and styles
-
-    host = _FigureHost(renderer, timeout)
-    body = profile_section(profile, lambda dot, what: _Page.figure(host, dot, what), title)
+    body = profile_section(profile, Figures(renderer, timeout).figure, title)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_asset('report.css')}</style></head><body>\n{body}\n</body></html>\n")
-
-
-class _FigureHost:
-    """What ``_Page.figure`` reads: the renderer, whether it is missing, the timeout."""
-
-    def __init__(self, renderer: Any, timeout: float | None):
-        from fxopt.errors import RendererNotFoundError
-
-        from .renderer import find_renderer
-
-        self.renderer, self.timeout = renderer, timeout
-        try:
-            find_renderer(renderer)
-            self.missing_renderer: str | None = None
-        except RendererNotFoundError as exc:
-            self.missing_renderer = str(exc)
+            f"<title>{html.escape(title)}</title><style>{asset('report.css')}</style></head><body>\n{body}\n</body></html>\n")

@@ -1,10 +1,12 @@
-// fxopt report glue: zoom/pan (svg-pan-zoom does the work), node search, pass navigation.
+// fxopt report glue: zoom/pan (svg-pan-zoom does the work), diffs opened on their changes,
+// node search, pass navigation.
 // Inlined into the page after svg-pan-zoom; no network, no other library.
 (function () {
   "use strict";
   var instances = new Map(); // figure element -> svg-pan-zoom instance
 
   // --- zoom and pan: one svg-pan-zoom per figure, created when it is first visible ---
+  var READABLE_PX = 10; // the smallest label text of a diff's changes opens at least this tall
   function panZoom(figure) {
     if (instances.has(figure)) return instances.get(figure);
     var svg = figure.querySelector("svg");
@@ -15,13 +17,98 @@
       fit: true, center: true, dblClickZoomEnabled: false
     });
     var s = pz.getSizes();
-    if (s.realZoom < 0.4) { // a tall graph shrunk to a speck: start at its top, width-fitted
-      pz.zoom(Math.min(1, s.width / s.viewBox.width) / (s.realZoom / pz.getZoom()));
+    // zoom is relative to the fitted drawing: on a very tall one, let it reach 4 px per unit
+    pz.setMaxZoom(Math.max(60, 4 * pz.getZoom() / s.realZoom));
+    instances.set(figure, pz);
+    if (changedNodes(figure).length) {
+      addWholeButton(figure);
+      showChanges(figure);
+    } else if (s.realZoom < 0.4) { // a tall graph shrunk to a speck: start at its top, width-fitted
+      setRealZoom(pz, Math.min(1, s.width / s.viewBox.width));
       s = pz.getSizes();
       pz.pan({x: (s.width - s.viewBox.width * s.realZoom) / 2, y: 8});
     }
-    instances.set(figure, pz);
     return pz;
+  }
+  function setRealZoom(pz, real) { // real: screen px per SVG unit
+    pz.zoom(real * pz.getZoom() / pz.getSizes().realZoom);
+  }
+  function changedNodes(figure) {
+    return figure.querySelectorAll("g.node.fx_diff_added, g.node.fx_diff_removed, g.node.fx_diff_changed");
+  }
+  // a node's box in the coordinates svg-pan-zoom scales and pans (the DOM's transform lags
+  // a frame behind its API, so positions on screen cannot be used)
+  function boxOf(figure, node) {
+    var viewport = figure.querySelector(".svg-pan-zoom_viewport");
+    var m = viewport.getCTM().inverse().multiply(node.getCTM()), bb = node.getBBox();
+    var a = figure.querySelector("svg").createSVGPoint(), b = figure.querySelector("svg").createSVGPoint();
+    a.x = bb.x; a.y = bb.y; b.x = bb.x + bb.width; b.y = bb.y + bb.height;
+    a = a.matrixTransform(m); b = b.matrixTransform(m);
+    return {x0: Math.min(a.x, b.x), y0: Math.min(a.y, b.y), x1: Math.max(a.x, b.x), y1: Math.max(a.y, b.y)};
+  }
+  function centreOn(figure, box) {
+    var pz = instances.get(figure), s = pz.getSizes();
+    pz.pan({x: s.width / 2 - s.realZoom * (box.x0 + box.x1) / 2,
+            y: s.height / 2 - s.realZoom * (box.y0 + box.y1) / 2});
+  }
+  // A diff opens on its changes, with their labels readable: all of them when they fit at
+  // that size, else the first (topmost) one; "whole graph" (key f) fits the drawing.
+  function showChanges(figure) {
+    var pz = instances.get(figure), nodes = changedNodes(figure), smallest = Infinity;
+    var all = {x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity}, first = null;
+    nodes.forEach(function (n) {
+      var b = boxOf(figure, n);
+      all = {x0: Math.min(all.x0, b.x0), y0: Math.min(all.y0, b.y0), x1: Math.max(all.x1, b.x1), y1: Math.max(all.y1, b.y1)};
+      if (!first || b.y0 < first.y0) first = b;
+      n.querySelectorAll("text").forEach(function (t) {
+        smallest = Math.min(smallest, parseFloat(t.getAttribute("font-size")) || 14);
+      });
+    });
+    var s = pz.getSizes(), margin = 24, readable = READABLE_PX / (isFinite(smallest) ? smallest : 14);
+    var fits = Math.min((s.width - 2 * margin) / (all.x1 - all.x0), (s.height - 2 * margin) / (all.y1 - all.y0));
+    setRealZoom(pz, fits >= readable ? Math.min(fits, 1.5 * readable) : readable);
+    centreOn(figure, fits >= readable ? all : first);
+    // no empty margin where the drawing could fill the box (a change near an edge)
+    var pan = pz.getPan();
+    s = pz.getSizes();
+    pz.pan({x: fill(pan.x, s.width, s.viewBox.width * s.realZoom),
+            y: fill(pan.y, s.height, s.viewBox.height * s.realZoom)});
+    labelView(figure, false);
+  }
+  function fill(pan, box, drawn) { // the pan along one axis that leaves no gap, if it can
+    return drawn <= box ? (box - drawn) / 2 : Math.min(0, Math.max(box - drawn, pan));
+  }
+  function showWhole(figure) {
+    var pz = instances.get(figure);
+    pz.fit(); pz.center();
+    labelView(figure, true);
+  }
+  function labelView(figure, whole) { // the button offers the other view
+    figure.classList.toggle("fx-whole", whole);
+    figure.querySelector(".fx-whole-button").textContent = whole ? "\u25CE changes (f)" : "\u2922 whole graph (f)";
+  }
+  function toggleWhole(figure) {
+    panZoom(figure);
+    if (figure.classList.contains("fx-whole")) showChanges(figure); else showWhole(figure);
+  }
+  function addWholeButton(figure) {
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "fx-whole-button";
+    button.title = "toggle between the changes and the whole graph (key f)";
+    button.addEventListener("click", function () { toggleWhole(figure); });
+    figure.appendChild(button);
+  }
+  function figureInView() { // the drawing of a diff that shows most in the window
+    var best = null, most = 0;
+    document.querySelectorAll(".fx-zoom").forEach(function (f) {
+      if (!changedNodes(f).length) return;
+      var r = f.getBoundingClientRect();
+      var seen = Math.max(0, Math.min(r.bottom, window.innerHeight) - Math.max(r.top, 0)) *
+                 Math.max(0, Math.min(r.right, window.innerWidth) - Math.max(r.left, 0));
+      if (seen > most) { most = seen; best = f; }
+    });
+    return best;
   }
   var figures = document.querySelectorAll(".fx-zoom");
   var observer = new IntersectionObserver(function (entries) {
@@ -72,16 +159,8 @@
     var figure = node.closest(".fx-zoom");
     figure.scrollIntoView({block: "center"});
     var pz = panZoom(figure);
-    var s = pz.getSizes();
-    if (s.realZoom < 1) pz.zoom(pz.getZoom() / s.realZoom); // readable: 1 px per SVG unit
-    // the node's centre in the coordinates svg-pan-zoom scales and pans (the DOM's transform
-    // lags a frame behind its API, so positions on screen cannot be used)
-    var viewport = figure.querySelector(".svg-pan-zoom_viewport");
-    var bb = node.getBBox(), point = figure.querySelector("svg").createSVGPoint();
-    point.x = bb.x + bb.width / 2; point.y = bb.y + bb.height / 2;
-    point = point.matrixTransform(viewport.getCTM().inverse().multiply(node.getCTM()));
-    s = pz.getSizes();
-    pz.pan({x: s.width / 2 - s.realZoom * point.x, y: s.height / 2 - s.realZoom * point.y});
+    if (pz.getSizes().realZoom < 1) setRealZoom(pz, 1); // readable: 1 px per SVG unit
+    centreOn(figure, boxOf(figure, node));
   }
   box.addEventListener("input", function () { search(box.value); });
   box.addEventListener("keydown", function (e) {
@@ -130,9 +209,10 @@
     if (e.key === "n") jump(1);
     else if (e.key === "p") jump(-1);
     else if (e.key === "/") { e.preventDefault(); box.focus(); box.select(); }
+    else if (e.key === "f") { var f = figureInView(); if (f) toggleWhole(f); }
   });
 
   // what tests and the curious can drive from the console
-  window.fxReport = {panZoom: panZoom, search: search, show: show, jump: jump,
+  window.fxReport = {panZoom: panZoom, search: search, show: show, jump: jump, toggleWhole: toggleWhole,
                      matches: function () { return matches.slice(); }};
 })();

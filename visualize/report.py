@@ -20,43 +20,26 @@ from __future__ import annotations
 
 import html
 import os
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch.fx as fx
 
-from fxopt.errors import RendererNotFoundError, RenderError
 from fxopt.optimize import report_of
 from fxopt.report import PassRecord, Report
 
 from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
+from .figures import Figures, asset, script
 from .graph import to_dot
 from .labels import safe_repr
 from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
 from .profile import profile_section
-from .renderer import find_renderer, run_renderer
 
-_SVG_START = re.compile(r"<svg\b")
-_SVG_HEIGHT = re.compile(r'<svg\b[^>]*?\sheight="([\d.]+)pt"')
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
-#: the tallest a drawing's box starts (it zooms inside, and can be resized)
-MAX_FIGURE_PX = 720
-
-
-def _asset(name: str) -> str:
-    """A file shipped in the package (see pyproject's package-data)."""
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
-def _script(source: str) -> str:
-    """``source`` as an inline script: a ``</script`` inside would end the element early."""
-    return "<script>" + re.sub(r"</(script)", r"<\\/\1", source, flags=re.IGNORECASE) + "</script>"
 
 
 @dataclass
@@ -75,12 +58,6 @@ class Section:
     depth: int = 0
 
 
-def _inline_svg(svg: str) -> str:
-    """An SVG document as an element for HTML: without its XML prolog and doctype."""
-    match = _SVG_START.search(svg)
-    return svg[match.start():] if match else html.escape(svg)
-
-
 def _changing_leaves(report: Report) -> list[PassRecord]:
     return [r for _, r in report.walk() if r.before is not None and not r.children]
 
@@ -91,30 +68,11 @@ class _Page:
     def __init__(self, gm: fx.GraphModule, report: Report, title: str, renderer: Any, focus: Any,
                  timeout: float | None):
         self.gm, self.report, self.title = gm, report, title
-        self.renderer, self.focus, self.timeout = renderer, focus, timeout
-        try:
-            find_renderer(renderer)
-            self.missing_renderer: str | None = None
-        except RendererNotFoundError as exc:
-            self.missing_renderer = str(exc)
+        self.focus = focus
+        self.figures = Figures(renderer, timeout)
         leaves = _changing_leaves(report)
         self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
-
-    def figure(self, dot: str, what: str, listing: Callable[[], str] | None = None) -> str:
-        """The drawing of ``dot``, zoomable; when it cannot be drawn, ``listing()`` (a table
-        of its nodes), or a line saying why for drawings whose content a table on the page
-        already lists (the profile's heat maps)."""
-        if self.missing_renderer is None:
-            try:
-                svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
-                return _zoomable(_inline_svg(svg))
-            except RenderError as exc:
-                reason = f'<p class="fx-warning">The {html.escape(what)} could not be drawn: {html.escape(str(exc))}</p>'
-        else:
-            reason = ""  # said once, at the top of the page
-        body = listing() if listing else f'<p class="fx-note">The {html.escape(what)} is not drawn (no renderer).</p>'
-        return f'<div class="fx-figure">{reason}{body}</div>'
 
     # --- the sections, in page order -------------------------------------------------------
 
@@ -122,11 +80,11 @@ class _Page:
         return [self.overview(), *self.profile(), *self.passes(), *self.final_graph()]
 
     def profile(self) -> list[Section]:
-        """``optimize(..., profile=True)``: the measured before/after, heat map, memory curve."""
+        """``optimize(..., profile=fxopt.profile)``: the measured before/after, heat map, memory curve."""
         diff = self.report.profile
         if diff is None:
             return []
-        return [Section("profile", "profile", profile_section(diff.after, self.figure,
+        return [Section("profile", "profile", profile_section(diff.after, self.figures.figure,
                                                               "profile after the passes", diff))]
 
     def overview(self) -> Section:
@@ -137,9 +95,9 @@ class _Page:
                    f"{first} → {len(self.gm.graph.nodes)} nodes"
                    + (", verified after each pass" if report.verified else ""))
         out = [f"<h1>{html.escape(self.title)}</h1>", f'<div class="fx-summary">{html.escape(summary)}</div>']
-        if self.missing_renderer:
+        if self.figures.missing_renderer:
             out.append(f'<p class="fx-warning" id="no-renderer">Graphs are listed as tables: '
-                       f"{html.escape(self.missing_renderer)}</p>")
+                       f"{html.escape(self.figures.missing_renderer)}</p>")
         out += [f'<div class="fx-warning">{html.escape(w)}</div>' for w in report.warnings]
         out.append(self.table())
         return Section("overview", "overview", '<section id="overview">' + "\n".join(out) + "</section>")
@@ -160,7 +118,7 @@ class _Page:
                     "</p>")
         else:
             text = ('<details id="final-graph"><summary>final graph</summary>'
-                    + self.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
+                    + self.figures.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
                                  lambda: graph_listing(self.gm)) + "</details>")
         return [Section("final", "final graph", f'<section id="final">{text}</section>')]
 
@@ -206,7 +164,7 @@ class _Page:
                     f"{len(view.status)} nodes (<code>write_report(gm, path, focus=None)</code> "
                     "draws them all).</p>")
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
-        return note + self.figure(dot, "diff", lambda: diff_listing(diff))
+        return note + self.figures.figure(dot, "diff", lambda: diff_listing(diff))
 
     def table(self) -> str:
         rows = []
@@ -223,18 +181,11 @@ class _Page:
     def page(self) -> str:
         sections = self.sections()
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(self.title)}</title><style>{_asset('report.css')}</style></head>"
+                f"<title>{html.escape(self.title)}</title><style>{asset('report.css')}</style></head>"
                 f'<body>\n<div id="fx-layout">{_sidebar(sections)}<main>\n'
                 + "\n".join(s.html for s in sections) + "\n</main></div>\n"
-                + _script(_asset("vendor/svg-pan-zoom.min.js")) + "\n" + _script(_asset("report.js"))
+                + script(asset("vendor/svg-pan-zoom.min.js")) + "\n" + script(asset("report.js"))
                 + "\n</body></html>\n")
-
-
-def _zoomable(svg: str) -> str:
-    """An inline SVG in a box that svg-pan-zoom drives, as tall as the drawing up to a limit."""
-    match = _SVG_HEIGHT.search(svg)
-    height = min(float(match.group(1)) * 4 / 3 + 8, MAX_FIGURE_PX) if match else MAX_FIGURE_PX
-    return f'<div class="fx-figure fx-zoom" style="height: {max(height, 120):.0f}px">{svg}</div>'
 
 
 def _sidebar(sections: list[Section]) -> str:
@@ -248,8 +199,9 @@ def _sidebar(sections: list[Section]) -> str:
             'the graph (p)">◀ prev change</button><button id="fx-next" type="button" title="next pass '
             'that changed the graph (n)">next change ▶</button></div>'
             f"<ol>{items}</ol>"
-            '<div class="fx-keys">Drag to pan, wheel to zoom. Keys: / search, Enter next match, '
-            "n / p next / previous change.</div></nav>")
+            '<div class="fx-keys">Drag to pan, wheel to zoom. A diff opens on its changes. Keys: '
+            "/ search, Enter next match, n / p next / previous change, f whole graph / changes."
+            "</div></nav>")
 
 
 def report_html(gm: fx.GraphModule, *, title: str | None = None, renderer: str | os.PathLike | None = None,

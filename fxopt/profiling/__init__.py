@@ -2,7 +2,7 @@
 
 - :func:`profile` measures every node of a GraphModule under ``torch.profiler``
   (time, live memory, FLOPs) and returns a :class:`Profile` with hotspot tables;
-- :meth:`Profile.diff` / ``fxopt.optimize(..., profile=True)`` attribute the change a
+- :meth:`Profile.diff` / ``fxopt.optimize(..., profile=fxopt.profile)`` attribute the change a
   pipeline made to the passes and the nodes they rewrote (:class:`ProfileDiff`);
 - :func:`profile_compiled` maps the kernels Inductor generated for a ``torch.compile``-d
   model back to the FX nodes they compute.

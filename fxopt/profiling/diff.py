@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from fxopt.profiling.result import Profile
 from fxopt.provenance import PROVENANCE_KEY
 from fxopt.snapshot import _FIELDS, GraphSnapshot
+
+if TYPE_CHECKING:  # Profile.diff calls this module: a profile is only read here
+    from fxopt.profiling.result import Profile
 
 UNCHANGED = "(unchanged nodes)"
 #: new nodes that name no pass (no fxopt.created_by) when no optimize report is at hand

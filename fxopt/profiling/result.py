@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from fxopt.profiling.diff import ProfileDiff, diff_profiles
 from fxopt.profiling.kinds import KINDS
 
 if TYPE_CHECKING:
     import torch.fx as fx
-
-    from fxopt.profiling.diff import ProfileDiff
 
 _MIB = 1 << 20
 
@@ -191,8 +190,6 @@ class Profile:
     def diff(self, other: Profile, report: Any = None) -> ProfileDiff:
         """What changed from this profile (before) to ``other`` (after a rewrite),
         attributed to passes and the nodes they rewrote (see :class:`ProfileDiff`)."""
-        from fxopt.profiling.diff import diff_profiles
-
         return diff_profiles(self, other, report)
 
     def export_chrome_trace(self, path: str | os.PathLike) -> Path:

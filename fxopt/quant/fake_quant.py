@@ -35,8 +35,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from fxopt.analysis.ops import declare_op
+from fxopt.quant.formats import INT4_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX
 from fxopt.quant.observers import Observer, qparams_from_range, qrange
-from fxopt.quant.ops import INT4_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX
 
 _EPS = torch.finfo(torch.float32).eps
 

@@ -37,6 +37,10 @@ from fxopt.quant import tuning_cache
 
 _log = logging.getLogger(__name__)
 
+#: the M buckets (see :func:`m_bucket`): one-row decode, two rows, small batches, and three
+#: sizes of prefill; every M above the last shares :data:`LARGE_M`
+M_BUCKETS = (1, 2, 16, 64, 256)
+LARGE_M = 4096
 #: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
 #: the tensor-core tile's do not; at M = 4 it was 1.7x slower on an H100)
 GEMV_MAX_M = 2
@@ -80,36 +84,46 @@ _GEMV_TILES = [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 256, 4, 1), (32, 256, 4, 1
 _GEMM_SMALL_M = [(32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 256, 8, 3), (32, 512, 4, 3),
                  (32, 256, 4, 6), (64, 128, 4, 6), (16, 512, 4, 4)]
 _GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
-                 (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]
+                 (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+                 (128, 128, 128, 8, 3), (128, 256, 64, 8, 4), (64, 256, 64, 4, 4), (256, 64, 64, 8, 3)]
 
 _tuning: bool | None = None
 _hinted = False
 
 
-def next_power_of_2(n: int) -> int:
-    """The M bucket of ``n`` rows (as ``triton.next_power_of_2``, without importing triton)."""
-    return 1 << max(n - 1, 0).bit_length()
+def m_bucket(m: Any) -> int:
+    """The M bucket of ``m`` rows: the smallest of :data:`M_BUCKETS` that holds it, or
+    :data:`LARGE_M` above them. Configurations are chosen per bucket.
+
+    ``m`` may be a ``torch.SymInt`` (a graph compiled for dynamic M): each comparison then
+    guards the compiled graph on M's range, so a dynamic graph holds the configuration of
+    one bucket and is recompiled once per bucket it meets, never per M."""
+    for bucket in M_BUCKETS:
+        if m <= bucket:
+            return bucket
+    return LARGE_M
 
 
-def candidates(m: int, kind: str | None = None, gated: bool = False) -> list[Candidate]:
-    """The (kernel, configuration) pairs tried at ``m`` rows, optionally of one kernel only.
+def candidates(bucket: int, kind: str | None = None, gated: bool = False) -> list[Candidate]:
+    """The (kernel, configuration) pairs tried in M bucket ``bucket``, optionally of one
+    kernel only.
 
     ``gated`` (the SwiGLU form, two weight tiles per program) takes no K split.
     """
     splits = (1,) if gated else (1, 2)
     tiles = 2 if gated else 1
     found = []
-    if kind in (None, "gemv") and (m <= GEMV_MAX_M or kind == "gemv"):
-        rows = next_power_of_2(m)
+    if kind in (None, "gemv") and (bucket <= GEMV_MAX_M or kind == "gemv"):
         # the fp32 partial sums of the tiles live in registers: keep them to 64 per thread
         found += [("gemv", Config(bn, bk, w, st, split)) for split in splits
-                  for bn, bk, w, st in _GEMV_TILES if tiles * rows * bn * bk <= 64 * 32 * w]
+                  for bn, bk, w, st in _GEMV_TILES if tiles * bucket * bn * bk <= 64 * 32 * w]
     if kind in (None, "gemm"):
-        if m <= 16:
+        if bucket <= 16:
             found += [("gemm", Config(bn, bk, w, st, split, 16, cvt)) for split in splits for cvt in (1, 0)
                       for bn, bk, w, st in _GEMM_SMALL_M]
         else:
-            found += [("gemm", Config(bn, bk, w, st, 1, bm)) for bn, bm, bk, w, st in _GEMM_LARGE_M]
+            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt)) for cvt in (1, 0)
+                      for bn, bm, bk, w, st in _GEMM_LARGE_M]
     return found
 
 

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fxopt.quant.ops import INT8_SYMMETRIC_MAX
+from fxopt.quant.formats import INT8_SYMMETRIC_MAX
 from fxopt.quant.triton_kernels import grouped_tile
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)

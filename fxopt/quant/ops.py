@@ -5,7 +5,7 @@ and the qint8/quint8 tensor dtypes are deprecated. Every op here works on plain 
 tensors with explicit scales, so a quantized graph is an ordinary graph that
 ``torch.export``, ``make_fx`` and ``torch.compile(fullgraph=True)`` all accept.
 
-Two kinds of op:
+Three kinds of op:
 
 - *Decomposing* ops (``quantize``, ``dequantize``, ``dynamic_scale``,
   ``int8_dynamic_linear``, ``int8_linear``) are registered as ``CompositeImplicitAutograd``: their Python
@@ -17,11 +17,16 @@ Two kinds of op:
   elsewhere their aten definitions (``torch._int_mm`` and the scaling). Opaque because
   Inductor's freezing passes rewrite a visible ``_int_mm -> mul -> mul`` into CPU-only
   oneDNN ops, and its fused per-token reduction is slow on wide rows (``fxopt.quant.int8_mm``).
-- ``int8_weight_only_linear`` and ``int4_weight_only_linear`` are *opaque*: on CUDA they
-  run Triton kernels that read the int8 (int4) weight and dequantize it in registers (no
-  dequantized weight is ever written), elsewhere their reference definition, e.g.
-  ``F.linear(x, w.to(x.dtype)) * scale``. Fake impls let graphs holding them compile with
-  ``fullgraph=True``.
+- ``int8_weight_only_linear``, ``int8_weight_only_swiglu`` and ``int4_weight_only_linear``
+  are ``torch.library.triton_op``s: on CUDA they launch Triton kernels that read the int8
+  (int4) weight and dequantize it in registers (no dequantized weight is ever written),
+  elsewhere they compute their reference definition, e.g.
+  ``F.linear(x, w.to(x.dtype)) * scale``. Under ``torch.compile`` AOTAutograd inlines
+  them, so Inductor compiles those kernels (or, on CPU, the reference's aten ops) into its
+  own generated code and launches them without a Python op call; ``torch.export`` keeps
+  them whole. The same function is their fake impl, with M symbolic where the graph is
+  dynamic (the kernel configuration then guards on M's bucket, see
+  ``fxopt.quant.int8_configs``). Gradients flow to the activation and the bias.
 
 Scales and zero points are stored already shaped to broadcast against the tensor they
 describe (``[]`` per tensor, ``[N, 1]`` per output channel of a ``[N, K]`` weight), so one
@@ -30,18 +35,18 @@ pair of quantize/dequantize ops covers per-tensor, per-channel and per-token sch
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fxopt.analysis.ops import declare_op
+from fxopt.quant import int8_configs
+from fxopt.quant.formats import INT8_SYMMETRIC_MAX, unpack_int4
 
 _LIB = torch.library.Library("fxopt_quant", "DEF")
-
-#: ranges of the symmetric schemes: -127..127 (-7..7) keeps zero exactly representable
-#: and the range symmetric, so a per-channel (per-group) scale is just absmax / 127 (/ 7)
-INT8_SYMMETRIC_MAX = 127
-INT4_SYMMETRIC_MAX = 7
 
 
 def _define_composite(schema: str, fn) -> None:
@@ -59,6 +64,45 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
     _LIB.impl(name, cuda, "CUDA")
     torch.library.register_fake(f"fxopt_quant::{name}")(fake)
     declare_op(f"fxopt_quant::{name}", pure=True)
+
+
+def _runs_triton(x: Tensor) -> bool:
+    """Whether a weight-only op on ``x`` runs its Triton kernels (CUDA with triton
+    installed, at most ``int8_configs.M_BUCKETS[-1]`` rows) rather than its reference
+    definition. Above that many rows a GEMM is bound by compute, not by reading the weight,
+    and the reference (the weight dequantized by one pointwise kernel, then cuBLAS) beat
+    fxopt's mixed-input Triton GEMM on an H100 (bench/RESULTS.md); the row count's bucket
+    guards a graph compiled for dynamic M."""
+    if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return False
+    return int8_configs.m_bucket(x.numel() // max(x.shape[-1], 1)) != int8_configs.LARGE_M
+
+
+def _triton_op(name: str):
+    """Define ``fxopt_quant::name`` with ``torch.library.triton_op``: the decorated function
+    is the op's implementation on every device *and* its fake impl, and under
+    ``torch.compile`` AOTAutograd inlines it, so Inductor sees the Triton kernels it
+    launches through ``torch.library.wrap_triton`` (on CUDA) or the aten ops of the
+    reference (elsewhere) and compiles them into its own code: no Python op call per launch.
+    ``torch.export`` keeps the op whole.
+
+    Registration inspects the function for Triton kernels (for AOTAutograd's cache key);
+    where triton is not installed that only logs a warning, silenced here. The kernels sit
+    behind a lazy import, so that inspection finds none either way.
+    """
+
+    def define(fn):
+        quiet = logging.getLogger("torch._library.triton")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            op = torch.library.triton_op(f"fxopt_quant::{name}", mutates_args=())(fn)
+        finally:
+            quiet.setLevel(level)
+        declare_op(f"fxopt_quant::{name}", pure=True)
+        return op
+
+    return define
 
 
 def quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
@@ -161,57 +205,11 @@ def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
     return out + bias.to(x.dtype) if bias is not None else out
 
 
-def pack_int4(w: Tensor, group_size: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Symmetric int4 (-7..7) per group of ``group_size`` along K of a ``[N, K]`` weight.
-
-    Returns ``(packed, scales)``: ``packed`` is ``[N, K/2]`` uint8 whose byte ``j`` holds
-    element ``j`` in its low nibble and element ``j + K/2`` in its high nibble, each offset
-    by 8 (this "split halves" layout lets a kernel unpack with a mask and a shift, no
-    interleaving); ``scales`` is ``[N, K/group_size]`` float32. K must be a multiple of
-    ``2 * group_size``. ``scales`` given (learned in quantization-aware training) are used
-    instead of each group's ``absmax / 7``.
-    """
-    n, k = w.shape
-    groups = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
-    if scales is None:
-        scales = torch.clamp(groups.abs().amax(-1) / INT4_SYMMETRIC_MAX, min=torch.finfo(torch.float32).eps)
-    scales = scales.detach().to(torch.float32).reshape(n, k // group_size)
-    q = torch.clamp(torch.round(groups / scales[..., None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX)
-    u = (q.reshape(n, k) + 8).to(torch.uint8)
-    return (u[:, : k // 2] | (u[:, k // 2:] << 4)).contiguous(), scales
-
-
-def unpack_int4(packed: Tensor, scales: Tensor, group_size: int) -> Tensor:
-    """The float32 ``[N, K]`` weight that ``pack_int4`` encoded."""
-    u = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.float32) - 8
-    return u * scales.repeat_interleave(group_size, dim=-1)
-
-
 def int4_weight_only_linear_reference(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
                                       bias: Tensor | None) -> Tensor:
     """The definition of the int4 op: ``F.linear(x, unpack_int4(w, scales).to(x.dtype), bias)``."""
     return F.linear(x, unpack_int4(w, scales, group_size).to(x.dtype),
                     bias.to(x.dtype) if bias is not None else None)
-
-
-def _int4_cuda(x: Tensor, w: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    from fxopt.quant import triton_kernels
-
-    return triton_kernels.int4_weight_only_linear(x, w, scales, group_size, bias)
-
-
-def _int4_fake(x: Tensor, w: Tensor, scales: Tensor, group_size: int, bias: Tensor | None) -> Tensor:
-    return x.new_empty((*x.shape[:-1], w.shape[0]))
-
-
-def _weight_only_cuda(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    from fxopt.quant import triton_kernels  # triton is imported only where CUDA runs
-
-    return triton_kernels.int8_weight_only_linear(x, w, w_scale, bias)
-
-
-def _weight_only_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
 def int8_weight_only_swiglu_reference(x: Tensor, w: Tensor, w_scale: Tensor,
@@ -221,16 +219,6 @@ def int8_weight_only_swiglu_reference(x: Tensor, w: Tensor, w_scale: Tensor,
     On CUDA one kernel computes it (fxopt.quant.merge emits it for Llama's MLP)."""
     gate, up = int8_weight_only_linear_reference(x, w, w_scale, bias).chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def _swiglu_cuda(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    from fxopt.quant import triton_kernels
-
-    return triton_kernels.int8_weight_only_swiglu(x, w, w_scale, bias)
-
-
-def _swiglu_fake(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    return x.new_empty((*x.shape[:-1], w.shape[0] // 2))
 
 
 def int8_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
@@ -255,12 +243,70 @@ _define_kernel("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_sca
                "ScalarType out_dtype) -> Tensor", int8_scaled_mm_reference, _scaled_mm_cuda, _scaled_mm_fake)
 _define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
                   int8_dynamic_linear)
-_define_kernel("int8_weight_only_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
-               int8_weight_only_linear_reference, _weight_only_cuda, _weight_only_fake)
-_define_kernel("int8_weight_only_swiglu(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
-               int8_weight_only_swiglu_reference, _swiglu_cuda, _swiglu_fake)
-_define_kernel("int4_weight_only_linear(Tensor x, Tensor w, Tensor scales, int group_size, "
-               "Tensor? bias) -> Tensor", int4_weight_only_linear_reference, _int4_cuda, _int4_fake)
+@_triton_op("int8_weight_only_linear")
+def _int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    if not _runs_triton(x):
+        return int8_weight_only_linear_reference(x, w, w_scale, bias)
+    from fxopt.quant import triton_kernels
+
+    return triton_kernels.int8_weight_only_linear(x, w, w_scale, bias)
+
+
+@_triton_op("int8_weight_only_swiglu")
+def _int8_weight_only_swiglu(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
+    if not _runs_triton(x):
+        return int8_weight_only_swiglu_reference(x, w, w_scale, bias)
+    from fxopt.quant import triton_kernels
+
+    return triton_kernels.int8_weight_only_swiglu(x, w, w_scale, bias)
+
+
+@_triton_op("int4_weight_only_linear")
+def _int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
+                             bias: Tensor | None) -> Tensor:
+    if not _runs_triton(x):
+        return int4_weight_only_linear_reference(x, w, scales, group_size, bias)
+    from fxopt.quant import triton_kernels
+
+    return triton_kernels.int4_weight_only_linear(x, w, scales, group_size, bias)
+
+
+def _int8_weight(w: Tensor, w_scale: Tensor) -> Tensor:
+    return w.to(torch.float32) * w_scale.to(torch.float32).reshape(-1, 1)
+
+
+def _register_weight_only_autograd(op, weight, gated: bool = False) -> None:
+    """Gradients of a weight-only op for its activation and bias (the quantized weight is a
+    constant): ``grad_x = grad_out @ W``, with ``W = weight(*op's weight arguments)`` the
+    dequantized weight; ``gated`` ops recompute their gate and up projection first. So a
+    quantized model compiles and runs where inputs or biases require grad (``torch.compile``
+    outside ``no_grad``, adapters trained on a quantized base)."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*(a for a in inputs if isinstance(a, Tensor)))
+        ctx.layout = [isinstance(a, Tensor) for a in inputs]
+        ctx.constants = [a for a in inputs if not isinstance(a, Tensor)]
+
+    def backward(ctx, grad: Tensor):
+        tensors, constants = iter(ctx.saved_tensors), iter(ctx.constants)
+        inputs = [next(tensors) if is_tensor else next(constants) for is_tensor in ctx.layout]
+        x, bias = inputs[0], inputs[-1]
+        w = weight(*inputs[1:-1]).to(grad.dtype)
+        if gated:
+            gate, up = F.linear(x, w, None if bias is None else bias.to(x.dtype)).chunk(2, dim=-1)
+            sig = torch.sigmoid(gate)
+            grad = torch.cat([grad * up * sig * (1 + gate * (1 - sig)), grad * gate * sig], dim=-1)
+        grad_x = grad @ w
+        grad_bias = None if bias is None else grad.reshape(-1, grad.shape[-1]).sum(0).to(bias.dtype)
+        return grad_x, *([None] * (len(inputs) - 2)), grad_bias
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+_register_weight_only_autograd(_int8_weight_only_linear, _int8_weight)
+_register_weight_only_autograd(_int8_weight_only_swiglu, _int8_weight, gated=True)
+_register_weight_only_autograd(_int4_weight_only_linear, unpack_int4)
+
 _define_composite("int8_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias, "
                   "int dynamic_min_tokens) -> Tensor", int8_linear)
 

@@ -33,6 +33,7 @@ Every site not quantized is reported with its reason, in the pass's stats and in
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,9 @@ from fxopt.errors import InputError
 from fxopt.graph_utils import drop_unused_attributes, fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
+from fxopt.quant.formats import AUTO_GROUP_SIZE, INT8_SYMMETRIC_MAX, int4_group_size, pack_int4
 from fxopt.quant.observers import OBSERVERS, Observer, qparams_from_range, qrange
-from fxopt.quant.ops import INT8_SYMMETRIC_MAX, ops, pack_int4
+from fxopt.quant.ops import ops
 from fxopt.quant.sites import Site, find_sites, is_weight_view
 from fxopt.registry import register_pass
 
@@ -75,6 +77,7 @@ class SiteRecord:
     reason: str | None  # why not quantized
     weight: str | None
     shared_with: str | None = None  # the first site that quantized the same weight
+    group_size: int | None = None  # int4_weight_only: values per scale along K
 
 
 @dataclass
@@ -134,21 +137,32 @@ def plan(gm: fx.GraphModule, options: dict[str, Any]) -> list[tuple[Site, str | 
     planned = []
     for site in sites:
         mode, reason = _selected_mode(site, options, ends.get(site.name))
-        if mode == "int4_weight_only" and (why := _int4_unsupported(site, options)):
-            mode, reason = None, why
+        if mode == "int4_weight_only":
+            group, why = site_group_size(site, options)
+            if group is None:
+                mode, reason = None, why
         planned.append((site, mode, reason))
     return planned
 
 
-def _int4_unsupported(site: Site, options: dict[str, Any]) -> str | None:
-    """Why int4 weight-only cannot take a site (it packs 2-D weights in groups along K)."""
+def site_group_size(site: Site, options: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The int4 group size of a site, or ``(None, why int4 weight-only cannot take it)``:
+    it packs 2-D weights in groups along K (:func:`fxopt.quant.formats.int4_group_size`)."""
     if not site.spelling.linear_like:
-        return f"int4_weight_only covers linear-like matmuls only, not {site.spelling.kind}"
-    group = options.get("group_size", 128)
-    k = site.weight_nk().shape[1]
-    if k % (2 * group):
-        return f"int4_weight_only needs K a multiple of 2*group_size={2 * group}, K={k}"
-    return None
+        return None, f"int4_weight_only covers linear-like matmuls only, not {site.spelling.kind}"
+    return int4_group_size(site.weight_nk().shape[1], options.get("group_size", AUTO_GROUP_SIZE))
+
+
+def nothing_quantized(pass_name: str, planned: list[tuple[Site, str | None, str | None]]) -> str | None:
+    """What to tell the user when a plan quantizes no site (every site's reason), or None.
+
+    One rule for both flows: post-training ``quantize`` warns with it (its result is a
+    float model) and ``prepare_qat`` raises it (training with no fake quantization is
+    never what was asked for)."""
+    if any(mode for _, mode, _ in planned):
+        return None
+    reasons = "; ".join(f"{site.name}: {why}" for site, _, why in planned) or "the graph has no matmul"
+    return f"{pass_name}: no quantizable site, nothing to quantize ({reasons})"
 
 
 @register_pass
@@ -203,7 +217,7 @@ class _Builder:
         self.weight_scales = weight_scales or {}
         self.per_channel = options["per_channel"]
         self.dynamic_min_tokens = options["dynamic_min_tokens"]
-        self.group_size = options["group_size"]
+        self.options = options
         self.weights: dict[tuple, tuple[str, str, str]] = {}  # key -> (int8, scale, first site)
         self.zero: str | None = None
         # sites come in graph order, so a node made for an earlier site comes before every
@@ -223,6 +237,10 @@ class _Builder:
             record_value(node, self.fake_mode.from_tensor(fetch_attr(self.gm, target), static_shapes=True))
         return self.nodes[target]
 
+    def group_size(self, site: Site) -> int:
+        """The int4 group size of a site that ``plan`` let through (so it has one)."""
+        return site_group_size(site, self.options)[0]
+
     def zero_point(self) -> fx.Node:
         if self.zero is None:
             self.zero = self.attr("quant_zero_point", torch.zeros(()))
@@ -237,7 +255,7 @@ class _Builder:
         base = site.weight_key.replace(".", "_")
         given = self.weight_scales.get((id(site.weight), site.stored_contracted(), int4))
         if int4:
-            packed, scales = pack_int4(site.weight_nk(), self.group_size, given)
+            packed, scales = pack_int4(site.weight_nk(), self.group_size(site), given)
             q, s = self.attr(f"{base}_int4", packed), self.attr(f"{base}_group_scale", scales)
             self.weights[key] = (q, s, site.name)
             return q, s, None
@@ -296,7 +314,7 @@ class _Builder:
                 x = self.qdq_dynamic(x)
             if mode == "int4_weight_only":
                 out = self.graph.call_function(ops.int4_weight_only_linear.default,
-                                               (x, wq, ws, self.group_size, bias))
+                                               (x, wq, ws, self.group_size(site), bias))
             elif linear and mode == "int8_weight_only":
                 if self.dynamic_min_tokens > 0:
                     out = self.graph.call_function(ops.int8_linear.default,
@@ -349,8 +367,8 @@ class Quantize(Pass):
     options = {
         **SELECTION_OPTIONS,
         "per_channel": Option(bool, True, "one weight scale per output channel (else per tensor)"),
-        "group_size": Option(int, 128, "int4_weight_only: weights per scale along K",
-                             choices=(32, 64, 128, 256)),
+        "group_size": Option(int, AUTO_GROUP_SIZE, "int4_weight_only: weights per scale along K; "
+                             "0: per site, the largest of 128, 64, 32 dividing K", choices=(0, 32, 64, 128, 256)),
         "dynamic_min_tokens": Option(int, 0, "weight-only mode: use int8 dynamic (int8 tensor cores) "
                                               "for inputs with at least this many rows; 0 = never"),
     }
@@ -374,6 +392,8 @@ class Quantize(Pass):
         if needs_observers and not observers:
             raise InputError("quantize: int8_static needs calibrated observers; run insert_observers, "
                              "then fxopt.quant.calibrate(gm, data), then quantize")
+        if message := nothing_quantized(self.name, planned):
+            warnings.warn(message, stacklevel=2)
         builder = _Builder(gm, ctx.analysis("shapes"), self.options, self.weight_scales)
         summary = QuantSummary()
         for site, mode, reason in planned:
@@ -384,6 +404,8 @@ class Quantize(Pass):
             summary.sites.append(record)
             if mode is None:
                 continue
+            if mode == "int4_weight_only":
+                record.group_size = builder.group_size(site)
             out, record.shared_with = builder.emit(site, mode)
             out.meta[SITE_KEY] = site.name
             if isinstance(site.node.meta.get("val"), torch.Tensor):
@@ -397,6 +419,9 @@ class Quantize(Pass):
         stats = {"quantized": sum(r.mode is not None for r in summary.sites),
                  "skipped": summary.skipped, "coverage": round(summary.coverage, 4),
                  "shared_weights": sum(r.shared_with is not None for r in summary.sites)}
+        groups = {r.name: r.group_size for r in summary.sites if r.group_size is not None}
+        if groups:
+            stats["int4_group_sizes"] = groups
         return PassResult(stats["quantized"] > 0 or bool(observers), stats)
 
     @staticmethod

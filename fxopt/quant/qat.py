@@ -50,7 +50,7 @@ from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.patterns import ParamRef, canonicalize
 from fxopt.patterns.stock import bn_scale, fold_bias, fold_weight
 from fxopt.quant.fake_quant import ActivationFakeQuant, DynamicFakeQuant, WeightFakeQuant
-from fxopt.quant.passes import SELECTION_OPTIONS, Quantize, plan
+from fxopt.quant.passes import SELECTION_OPTIONS, Quantize, nothing_quantized, plan, site_group_size
 from fxopt.quant.sites import Site
 
 #: ``gm.meta`` key of the conv + BatchNorm pairs ``prepare_qat`` folded
@@ -192,7 +192,7 @@ class PrepareQAT(Pass):
                        "activations (static or dynamic), int8 or int4 weights only",
                        choices=SELECTION_OPTIONS["mode"].choices),
         "per_channel": Option(bool, True, "int8 weights: one scale per output channel (else per tensor)"),
-        "group_size": Option(int, 128, "int4 weights: values per scale along K", choices=(32, 64, 128, 256)),
+        "group_size": Quantize.options["group_size"],
         "symmetric": Option(bool, False, "int8_static activations: symmetric range (zero point 0)"),
         "symmetric_weights": Option(bool, True, "weights are symmetric (the int8/int4 lowering "
                                                 "has no weight zero point)"),
@@ -211,9 +211,8 @@ class PrepareQAT(Pass):
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
         planned = plan(gm, self.options)
-        if not any(mode for _, mode, _ in planned):
-            reasons = "; ".join(f"{s.name}: {why}" for s, _, why in planned) or "the graph has no matmul"
-            raise InputError(f"prepare_qat: no quantizable site ({reasons})")
+        if message := nothing_quantized(self.name, planned):
+            raise InputError(message)
         for site, mode, _ in planned:
             if mode and site.node.op == "call_module":
                 _functionalize(gm, site.node)
@@ -237,8 +236,9 @@ class PrepareQAT(Pass):
     def _weight_module(self, weight: torch.Tensor, site: Site, mode: str) -> WeightFakeQuant:
         int4 = mode == "int4_weight_only"
         granularity = "group" if int4 else "channel" if self.options["per_channel"] else "tensor"
+        group = site_group_size(site, self.options)[0] if int4 else 0
         return WeightFakeQuant(weight, site.stored_contracted(), 4 if int4 else 8, granularity,
-                               self.options["group_size"], self.options["learnable"])
+                               group, self.options["learnable"])
 
     def _add(self, gm: fx.GraphModule, base: str, module: nn.Module, arg: fx.Node) -> fx.Node:
         name = fresh_attr_name(gm, base)

@@ -31,24 +31,36 @@ nothing (the on-disk cache, shipped defaults per GPU family, or a choice by shap
 gate's and the up projection's rows of one ``[2N, K]`` weight and stores
 ``silu(gate) * up`` (fxopt.quant.merge's ``fuse_swiglu`` emits it).
 
-This module imports triton: it is loaded only by the CUDA implementation of
-``torch.ops.fxopt_quant.int8_weight_only_linear`` (and by tests in Triton's interpreter).
+int4 (``int4_weight_only_linear``): a GEMV at M = 1 that reads several groups of K per
+iteration (one scale each), and the swap-AB GEMM with one group per iteration above.
+
+Every launch goes through ``torch.library.wrap_triton``: the ops that call these functions
+are ``triton_op``s (:mod:`fxopt.quant.ops`), so under ``torch.compile`` each launch becomes a
+node that Inductor compiles into its own code, and M may be symbolic there: it enters only
+grids and runtime arguments, and the configuration comes from M's bucket.
+
+This module imports triton: it is loaded only by the CUDA implementations of the weight-only
+ops (and by tests in Triton's interpreter).
 """
 
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch._library.triton import set_wrap_triton_enabled
+from torch.utils._python_dispatch import _disable_current_modes
 
 from fxopt.quant import int8_configs
 from fxopt.quant.int8_configs import GEMV_MAX_M, Candidate, Config, candidates
 
-#: the largest M at which the int4 kernels run their GEMV (picked by M alone, not tuned)
-INT4_GEMV_MAX_M = 2
+#: the largest M at which the int4 kernels run their GEMV (one program per row and block of
+#: channels, so it reads the weight once per row; picked by M alone, not tuned)
+INT4_GEMV_MAX_M = 1
 
 
 @triton.jit
@@ -95,7 +107,7 @@ def _scaled(acc, rn, s_ptr, b_ptr, N, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _finish(acc, acc_up, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
-            HAS_BIAS: tl.constexpr, SPLIT_K, GATED: tl.constexpr):
+            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr):
     """Scale, bias and store ``acc`` (row ``rm``, channel ``rn`` per element, broadcast to
     its shape), or store it unscaled as partial sum ``pid_k`` when K is split. GATED:
     ``acc`` is the gate and ``acc_up`` the up projection of channels ``rn`` (whose weight
@@ -116,7 +128,7 @@ def _finish(acc, acc_up, rm, rn, pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride
 @triton.jit
 def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, SPLIT_K, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
+          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
     pid_k = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -146,7 +158,7 @@ def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
-          SPLIT_K, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
+          SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,7 +185,7 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 
 
 @triton.jit
-def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS: tl.constexpr,
+def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
@@ -184,31 +196,42 @@ def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIA
             False)
 
 
+def _traced(kernel):
+    """``kernel`` as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` traced by
+    ``torch.compile`` the launch becomes a node Inductor compiles into its own code; in eager
+    calls (where the op switches wrapping off) it is the kernel itself."""
+    return torch.library.wrap_triton(kernel)
+
+
 def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
              y: Tensor, gated: bool = False) -> None:
     """Launch ``kind`` with ``config``: ``y[M, N] = (x2d @ w.T) * scale + bias``, or with
-    ``gated`` (``w``: the gate's N rows, then the up projection's) ``y[M, N] = silu(gate) * up``."""
+    ``gated`` (``w``: the gate's N rows, then the up projection's) ``y[M, N] = silu(gate) * up``.
+    M may be symbolic (a graph compiled for dynamic M): it enters only the grid and the
+    kernels' runtime arguments; the GEMV's rows come from M's bucket."""
     m, k = x2d.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     split = config.split_k
     if gated and split != 1:
         raise ValueError("the gated kernels take no K split")
-    part = torch.empty((split, m, n), dtype=torch.float32, device=x2d.device) if split > 1 else y
-    b = bias if bias is not None else scale  # dummy pointer when HAS_BIAS=False
+    # distinct dummies where nothing is stored or read: Inductor's mutation analysis then sees
+    # y (or the partial sums) as the only tensor written
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x2d.device) if split > 1 else scale
+    b = bias if bias is not None else scale
     args = (x2d, w, scale, b, y, part, m, n, k, x2d.stride(0), w.stride(0), y.stride(0))
     meta = {"HAS_BIAS": bias is not None, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
             "SPLIT_K": split, "FAST_CVT": config.fast_cvt, "GATED": gated,
             "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_n = triton.cdiv(n, config.block_n)
     if kind == "gemv":
-        _gemv[(grid_n, split)](*args, BLOCK_M=triton.next_power_of_2(m), **meta)
+        _traced(_gemv)[(grid_n, split)](*args, BLOCK_M=int8_configs.m_bucket(m), **meta)
     else:
         precision = "ieee" if x2d.dtype == torch.float32 else "tf32"
-        _gemm[(grid_n * triton.cdiv(m, config.block_m), split)](
+        _traced(_gemm)[(grid_n * triton.cdiv(m, config.block_m), split)](
             *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, **meta)
     if split > 1:
-        _splitk_reduce[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
-                                                    HAS_BIAS=bias is not None, BLOCK=1024)
+        _traced(_splitk_reduce)[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
+                                                             HAS_BIAS=bias is not None, BLOCK=1024)
 
 
 #: the choice per (tuning key, tuning on): one look-up per shape and process
@@ -239,20 +262,41 @@ def _time_ms(launch, device: torch.device, reps: int) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def _timing_operands(m: Any, bucket: int, w: Tensor, k: int, dtype: torch.dtype, has_bias: bool,
+                     gated: bool) -> tuple[Tensor, ...]:
+    """Real random operands of the shape being tuned, ``(x2d, w, scale, bias, y)``. The
+    op's own operands may be fake (tuning while ``torch.compile`` traces): these are made
+    outside every dispatch mode, with M the concrete row count where it is one, else the
+    bucket's."""
+    rows = m if isinstance(m, int) else bucket
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    device = w.device
+    with _disable_current_modes():
+        x = torch.randn(rows, k, dtype=dtype, device=device)
+        wq = torch.randint(-127, 128, tuple(w.shape), dtype=torch.int8, device=device)
+        scale = torch.rand(w.shape[0], dtype=torch.float32, device=device) / 127
+        bias = torch.randn(w.shape[0], dtype=dtype, device=device) if has_bias else None
+        return x, wq, scale, bias, torch.empty(rows, n, dtype=dtype, device=device)
+
+
 def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: Tensor,
                  kind: str | None = None, gated: bool = False) -> Candidate:
     """The kernel and configuration for this (M bucket, N, K, dtypes, kernel choice), chosen
     on the first call with these operands by :func:`fxopt.quant.int8_configs.choose`: from
-    the on-disk cache, by timing every candidate (:func:`_time_ms`) only where tuning is on,
-    else from the shipped defaults for this GPU family or by shape. A first call that tunes
-    must not be inside a CUDA graph capture. On CPU tensors (Triton's interpreter, in
+    the on-disk cache, by timing every candidate (:func:`_time_ms`, on random operands of
+    the same shape) only where tuning is on, else from the shipped defaults for this GPU
+    family or by shape. A first call that tunes must not be inside a CUDA graph capture.
+    The operands may be fake and M symbolic (``torch.compile`` tracing the op): the choice
+    then guards the compiled graph on M's bucket. On CPU tensors (Triton's interpreter, in
     tests) nothing is timed or read from disk: the choice by shape."""
     m, k = x2d.shape
-    key = (triton.next_power_of_2(m), w.shape[0], k, x2d.dtype, bias is not None, kind, gated)
+    bucket = int8_configs.m_bucket(m)
+    # the weight's shape is concrete to choose by (int() specializes a symbolic one)
+    key = (bucket, int(w.shape[0]), int(k), x2d.dtype, bias is not None, kind, gated)
     # tuning switched on later must not be answered by an untuned pick of this process
     memo_key = (key, int8_configs.tuning_enabled())
     if memo_key not in _TUNED:
-        found = candidates(m, kind, gated)
+        found = candidates(bucket, kind, gated)
         if not x2d.is_cuda:
             _TUNED[memo_key] = int8_configs.choose(key, found, None, None, None)
             return _TUNED[memo_key]
@@ -261,8 +305,10 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
         family = int8_configs.gpu_family(torch.cuda.get_device_capability(x2d.device))
 
         def timed(candidate: Candidate, reps: int) -> float | None:
+            operands = _timing_operands(m, bucket, w, k, x2d.dtype, bias is not None, gated)
             try:
-                t = _time_ms(lambda: run_int8(*candidate, x2d, w, scale, bias, y, gated), x2d.device, reps)
+                with _disable_current_modes(), set_wrap_triton_enabled(False):
+                    t = _time_ms(lambda: run_int8(*candidate, *operands, gated), x2d.device, reps)
             except triton.runtime.errors.OutOfResources:
                 return None
             TUNING_TIMES.setdefault(key, {})[candidate] = t
@@ -273,90 +319,97 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
 
 
 @triton.jit
+def _int4_to(p, dtype: tl.constexpr):
+    """The two int4 values of each packed byte of ``p`` (low nibble, high nibble; each
+    stored + 8) as ``dtype``, exactly: the nibble or'ed into the mantissa of 2**23 is the
+    float 8388608 + nibble, so an integer and, an or and a float subtract replace the
+    int-to-float converter (as ``_int8_to_f32``)."""
+    u = p.to(tl.int32)
+    lo = ((u & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    hi = ((u >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    return lo.to(dtype), hi.to(dtype)
+
+
+@triton.jit
 def _gemv_int4(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-               stride_ym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               GROUP: tl.constexpr):
-    # w is [N, K/2] uint8: byte j holds element j (low nibble) and j + K/2 (high), each + 8;
-    # one block of K is one group, so each nibble half needs one scale per row
-    half = K // 2
+               stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+               GROUPS: tl.constexpr):
+    # w is [N, K/2] uint8: within each group of GROUP values, byte j holds element j (low
+    # nibble) and element j + GROUP/2 (high). Program (n block, row) reads GROUPS groups
+    # per iteration (enough bytes in flight per thread) with one scale each.
+    HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
+    row = tl.program_id(1)
+    rg = tl.arange(0, GROUPS)
+    rj = tl.arange(0, HALF)
     n_mask = rn < N
-    m_mask = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N, GROUP), dtype=tl.float32)
-    for k0 in tl.range(0, half, GROUP):
-        rk = k0 + tl.arange(0, GROUP)
-        p = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None], other=0)
-        s_lo = tl.load(s_ptr + rn * stride_sn + k0 // GROUP, mask=n_mask, other=0.0)
-        s_hi = tl.load(s_ptr + rn * stride_sn + (half + k0) // GROUP, mask=n_mask, other=0.0)
-        lo = ((p & 15).to(tl.float32) - 8.0) * s_lo[:, None]
-        hi = ((p >> 4).to(tl.float32) - 8.0) * s_hi[:, None]
-        x_lo = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None], other=0.0)
-        x_hi = tl.load(x_ptr + rm[:, None] * stride_xm + half + rk[None, :], mask=m_mask[:, None],
-                       other=0.0)
-        acc += x_lo.to(tl.float32)[:, None, :] * lo[None, :, :]
-        acc += x_hi.to(tl.float32)[:, None, :] * hi[None, :, :]
-    out = tl.sum(acc, axis=2)
+    n_groups = K // GROUP
+    acc = tl.zeros((BLOCK_N, GROUPS, HALF), dtype=tl.float32)
+    for g0 in tl.range(0, n_groups, GROUPS):
+        g = g0 + rg
+        g_ok = g < n_groups
+        p = tl.load(w_ptr + rn[:, None, None] * stride_wn + (g * HALF)[None, :, None] + rj[None, None, :],
+                    mask=n_mask[:, None, None] & g_ok[None, :, None], other=0)
+        s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None] & g_ok[None, :], other=0.0)
+        lo, hi = _int4_to(p, tl.float32)
+        x_ptrs = x_ptr + row * stride_xm + (g * GROUP)[:, None] + rj[None, :]
+        x_lo = tl.load(x_ptrs, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        x_hi = tl.load(x_ptrs + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        acc += (lo * x_lo[None, :, :] + hi * x_hi[None, :, :]) * s[:, :, None]
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
-        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+        out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
 def _gemm_int4(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-               stride_ym, M_BUCKET, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+               stride_ym, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
-    # y.T = w @ x.T as in _gemm; each K block is one group of both nibble halves
-    half = K // 2
+    # y.T = w @ x.T as in _gemm; one iteration is one group: its two halves, one scale
+    HALF: tl.constexpr = GROUP // 2
     pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, HALF)
     n_mask = rn < N
     m_mask = rm < M
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in tl.range(0, half, GROUP):
-        rk = k0 + tl.arange(0, GROUP)
-        p = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None], other=0)
-        s_lo = tl.load(s_ptr + rn * stride_sn + k0 // GROUP, mask=n_mask, other=0.0)
-        s_hi = tl.load(s_ptr + rn * stride_sn + (half + k0) // GROUP, mask=n_mask, other=0.0)
-        xt_lo = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=m_mask[None, :], other=0.0)
-        xt_hi = tl.load(x_ptr + rm[None, :] * stride_xm + half + rk[:, None], mask=m_mask[None, :],
-                        other=0.0)
+    for g in tl.range(0, K // GROUP):
+        p = tl.load(w_ptr + rn[:, None] * stride_wn + g * HALF + rk[None, :], mask=n_mask[:, None], other=0)
+        s = tl.load(s_ptr + rn * stride_sn + g, mask=n_mask, other=0.0)
+        xt_ptrs = x_ptr + rm[None, :] * stride_xm + g * GROUP + rk[:, None]
+        xt_lo = tl.load(xt_ptrs, mask=m_mask[None, :], other=0.0)
+        xt_hi = tl.load(xt_ptrs + HALF, mask=m_mask[None, :], other=0.0)
         # nibble -> activation dtype (exact), times the scale in that dtype: one rounding
         dt = xt_lo.dtype
-        lo = ((p & 15).to(tl.int8) - 8).to(dt) * s_lo[:, None].to(dt)
-        hi = ((p >> 4).to(tl.int8) - 8).to(dt) * s_hi[:, None].to(dt)
-        acc = tl.dot(lo, xt_lo, acc, input_precision=PRECISION)
-        acc = tl.dot(hi, xt_hi, acc, input_precision=PRECISION)
+        lo, hi = _int4_to(p, dt)
+        acc = tl.dot(lo * s[:, None].to(dt), xt_lo, acc, input_precision=PRECISION)
+        acc = tl.dot(hi * s[:, None].to(dt), xt_hi, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
              mask=m_mask[None, :] & n_mask[:, None])
 
 
-def _int4_gemv_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": bn}, num_warps=w) for bn, w in [(8, 4), (16, 4), (32, 4), (16, 8)]]
+def int4_config(bucket: int, kernel: str | None = None) -> tuple[str, dict[str, int]]:
+    """The int4 kernel and its launch configuration for M bucket ``bucket`` (by shape, not
+    timed): the GEMV up to :data:`INT4_GEMV_MAX_M` rows, the swap-AB GEMM above, with
+    tiles as tall as the bucket up to 128 rows."""
+    kernel = kernel or ("gemv" if bucket <= INT4_GEMV_MAX_M else "gemm")
+    if kernel == "gemv":
+        return kernel, dict(INT4_GEMV_CONFIG)
+    block_m = min(max(bucket, 16), 128)
+    return kernel, {"BLOCK_N": 64 if block_m <= 64 else 128, "BLOCK_M": block_m,
+                    "num_warps": 4 if block_m <= 64 else 8, "num_stages": 3}
 
 
-def _int4_gemm_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=st)
-            for bn, bm, w, st in [(64, 16, 4, 3), (128, 16, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)]]
-
-
-_gemv_int4_tuned = triton.autotune(configs=_int4_gemv_configs(), key=["BLOCK_M", "N", "K"])(_gemv_int4)
-_gemm_int4_tuned = triton.autotune(configs=_int4_gemm_configs(), key=["M_BUCKET", "N", "K"])(_gemm_int4)
-
-
-def _launch(tuned, kernel, configs, x: Tensor, grid, *args, **kwargs) -> None:
-    """Autotuned launch on a GPU; on CPU tensors (TRITON_INTERPRET=1, used by the tests of
-    this module) the first config, since the autotuner needs a GPU driver to time."""
-    if x.is_cuda:
-        tuned[grid](*args, **kwargs)
-    else:
-        config = configs[0]
-        kernel[grid(config.kwargs)](*args, **kwargs, **config.kwargs)
+#: the int4 GEMV's launch configuration: BLOCK_N output channels per program, GROUPS groups
+#: of K per iteration. The fastest of bench/quant_serving.py's sweep over the Llama MLP's
+#: layers on an H100 (11008x4096: 19.4 us, 4096x11008: 20.6 us at M = 1, against cuBLAS
+#: bf16's 36.1 and 36.9 us; bench/RESULTS.md)
+INT4_GEMV_CONFIG = {"BLOCK_N": 4, "GROUPS": 8, "num_warps": 4, "num_stages": 1}
 
 
 def int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None,
@@ -402,11 +455,14 @@ def _linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None, kernel: 
 
 
 def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
-                            bias: Tensor | None, kernel: str | None = None) -> Tensor:
+                            bias: Tensor | None, kernel: str | None = None,
+                            config: dict[str, int] | None = None) -> Tensor:
     """``x @ dequant(w).T + bias`` for int4 weights in groups of ``group_size`` along K.
 
-    ``w``: ``[N, K/2]`` uint8 packed as :func:`fxopt.quant.ops.pack_int4` does;
+    ``w``: ``[N, K/2]`` uint8 packed as :func:`fxopt.quant.formats.pack_int4` does;
     ``scales``: ``[N, K/group_size]`` float32. Dequantization happens in registers.
+    ``kernel``/``config`` force a kernel and its launch configuration (benchmarks sweep
+    them); by default :func:`int4_config` picks them from M's bucket.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = w.shape[0]
@@ -417,15 +473,15 @@ def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: in
         return y.reshape(*lead, n)
     w, scales = w.contiguous(), scales.to(torch.float32).contiguous()
     b = bias.contiguous() if bias is not None else scales
+    bucket = int8_configs.m_bucket(m)
+    kernel, default = int4_config(bucket, kernel)
+    meta = config or default
     args = (x2d, w, scales, b, y, m, n, k, x2d.stride(0), w.stride(0), scales.stride(0), y.stride(0))
-    if kernel == "gemv" or (kernel is None and m <= INT4_GEMV_MAX_M):
-        _launch(_gemv_int4_tuned, _gemv_int4, _int4_gemv_configs(), x,
-                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
-                *args, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), GROUP=group_size)
+    if kernel == "gemv":
+        _traced(_gemv_int4)[(triton.cdiv(n, meta["BLOCK_N"]), m)](
+            *args, HAS_BIAS=bias is not None, GROUP=group_size, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        _launch(_gemm_int4_tuned, _gemm_int4, _int4_gemm_configs(), x,
-                lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),),
-                *args, triton.next_power_of_2(m), HAS_BIAS=bias is not None, PRECISION=precision,
-                GROUP=group_size)
+        _traced(_gemm_int4)[(triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),)](
+            *args, HAS_BIAS=bias is not None, PRECISION=precision, GROUP=group_size, **meta)
     return y.reshape(*lead, n)

@@ -174,6 +174,15 @@ def _monotone(fn: Callable[[float], float]) -> Callable[[float, float], tuple[fl
     return lambda lo, hi: (fn(lo), fn(hi))
 
 
+def _power(base: float, n: int) -> float:
+    """``base ** n`` for ``base >= 0``, or ``inf`` where that exceeds :data:`LIMIT` (such a
+    bound only needs to be rejected). Decided in logs: ``**`` on floats raises
+    OverflowError past ~1e308, and raised while drawing it would fail the user's test."""
+    if base > 1 and n * math.log(base) > math.log(LIMIT):
+        return math.inf
+    return base ** n
+
+
 def _away_from_zero(v: _Value, margin: float) -> bool:
     return v.lo >= margin or v.hi <= -margin
 
@@ -738,8 +747,8 @@ _reduction("var", torch.var, lambda x, n: (0.0, (x.hi - x.lo) ** 2), {"correctio
 _reduction("std", torch.std, lambda x, n: (0.0, x.hi - x.lo), {"correction": 0})
 _reduction("vector_norm", torch.linalg.vector_norm, lambda x, n: (0.0, math.sqrt(n) * x.bound))
 _reduction("logsumexp", torch.logsumexp, lambda x, n: (x.lo, x.hi + math.log(n)))
-_reduction("prod", torch.prod, lambda x, n: (-(x.bound ** n), x.bound ** n),
-           applies=lambda x, n: x.bound ** n <= LIMIT)
+_reduction("prod", torch.prod, lambda x, n: (-_power(x.bound, n), _power(x.bound, n)),
+           applies=lambda x, n: _power(x.bound, n) <= LIMIT)
 
 
 @_op("cumsum")

@@ -2,6 +2,7 @@
 errors from fxopt.factory, and saving that leaves the optimized GraphModule as it was."""
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -84,6 +85,36 @@ def test_saving_leaves_the_graph_module_as_it_was_and_both_formats_load_back(tmp
         fresh = torch.randn(3, 4)
         torch.testing.assert_close(load_program(where)(fresh), model(fresh))
     assert gm.code == code and [n.name for n in gm.graph.nodes] == names
+
+
+class _WithSubmodules(nn.Module):
+    """A Linear (to_folder writes its repr), a LayerNorm and a GELU (it pickles them to
+    NAME.pt) and a buffer (in state_dict.pt)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm, self.act = nn.Linear(4, 6), nn.LayerNorm(6), nn.GELU()
+        self.register_buffer("shift", torch.randn(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.fc(x))) + self.shift
+
+
+def test_a_code_folder_loads_after_it_is_moved(tmp_path):
+    model = _WithSubmodules().eval()
+    x = torch.randn(3, 4)
+    gm = fxopt.optimize(model, example_inputs=(x,))
+    written, kind = save_program(gm, tmp_path / "here" / "net", (x,), format="code")
+    assert kind == "code" and {"norm.pt", "act.pt", "state_dict.pt"} <= {p.name for p in written.iterdir()}
+    moved = shutil.copytree(written, tmp_path / "elsewhere" / "copy")
+    shutil.rmtree(tmp_path / "here")
+    code = (moved / "module.py").read_text()
+    assert str(tmp_path) not in code  # no absolute path left
+    assert "torch.load(_HERE / 'state_dict.pt', weights_only=True)" in code
+    loaded = load_program(moved)
+    for _ in range(3):
+        fresh = torch.randn(5, 4)  # another batch size than the example's
+        torch.testing.assert_close(loaded(fresh), model(fresh), rtol=1e-5, atol=1e-6)
 
 
 def test_save_errors_are_typed_and_leave_no_half_written_folder(tmp_path):

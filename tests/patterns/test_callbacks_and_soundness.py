@@ -149,7 +149,7 @@ def test_a_filter_that_raises_leaves_the_graph() -> None:
     gm = fx.symbolic_trace(M())
     before = str(gm.graph)
     with pytest.raises(RuleError, match="callback raised KeyError"):
-        fp.replace_pattern(gm, lambda x: torch.neg(x), lambda x: torch.relu(x), [second_fails])
+        fp.replace_pattern_with_filters(gm, lambda x: torch.neg(x), lambda x: torch.relu(x), [second_fails])
     assert str(gm.graph) == before and len(calls) == 2
 
 

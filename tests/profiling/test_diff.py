@@ -32,7 +32,7 @@ class Net(nn.Module):
 
 def test_optimize_profile_credits_passes_by_provenance():
     model, x = Net().eval(), torch.randn(2, 8, 16, 16)
-    gm = fxopt.optimize(model, example_inputs=(x,), profile=True)
+    gm = fxopt.optimize(model, example_inputs=(x,), profile=fxopt.profile)
     diff = fxopt.report_of(gm).profile
     assert diff is not None
     original = {n.name for n in fx.symbolic_trace(model).graph.nodes}
@@ -68,7 +68,9 @@ def test_diff_without_a_report_uses_provenance_alone():
 
 def test_optimize_profile_needs_inputs_and_leaves_the_report_alone_otherwise():
     model = Net().eval()
-    with pytest.raises(fxopt.InputError, match="profile=True"):
-        fxopt.optimize(model, profile=True)
+    with pytest.raises(fxopt.InputError, match="profile needs example_inputs"):
+        fxopt.optimize(model, profile=fxopt.profile)
+    with pytest.raises(fxopt.InputError, match="profile=fxopt.profile.*not True"):
+        fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),), profile=True)
     gm = fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),))
     assert fxopt.report_of(gm).profile is None

@@ -18,7 +18,8 @@ from fxopt.patterns import canonicalize
 import fxopt
 import fxopt.quant as fq
 from fxopt.analysis.ops import facts
-from fxopt.quant.ops import ops, pack_int4, unpack_int4
+from fxopt.quant.formats import pack_int4, unpack_int4
+from fxopt.quant.ops import ops
 
 
 class Net(nn.Module):
@@ -376,3 +377,19 @@ def test_unsupported_bit_width_combinations_are_option_errors(options, option):
         fq.prepare_qat(model, (_data()[0],), **options)
     assert info.value.option == option and info.value.pass_name == "prepare_qat"
     assert _unchanged(model, before)
+
+
+def test_int4_qat_takes_the_post_training_group_sizes():
+    """K = 64, 96, 48 with the default group size: QAT fakes groups of 64 and 32 where the
+    quantize pass packs them (the same rule), and leaves K = 48 in float as it does."""
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 48), nn.ReLU(), nn.Linear(48, 8)).train()
+    x = torch.randn(8, 64)
+    qat = fq.prepare_qat(model, (x,), "int4_weight_only")
+    groups = sorted(m.group_size for m in qat.modules() if isinstance(m, fq.WeightFakeQuant))
+    assert groups == [32, 64]
+    qat.eval()
+    converted = fq.convert_qat(qat)
+    sites = {r.name: r.group_size for r in fq.summary_of(converted).sites}
+    assert sites == {"_0": 64, "_2": 32, "_4": None}
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), qat(x), rtol=1e-4, atol=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -378,7 +379,7 @@ def test_keyword_arguments_and_dot_T_weights():
 # ---------------------------------------------------------------- int4 weight-only (stretch)
 
 def test_int4_pack_round_trip_and_group_scales():
-    from fxopt.quant.ops import pack_int4, unpack_int4
+    from fxopt.quant.formats import pack_int4, unpack_int4
 
     w = torch.randn(6, 256)
     packed, scales = pack_int4(w, 64)
@@ -396,16 +397,59 @@ def test_int4_weight_only_mode_skips_what_it_cannot_pack():
     q = fq.quantize_model(model, (x,), "int4_weight_only", group_size=64)
     by_name = {r.name: r for r in fq.summary_of(q).sites}
     assert by_name["_0"].mode == by_name["_2"].mode == "int4_weight_only"
-    assert by_name["_4"].reason == "int4_weight_only needs K a multiple of 2*group_size=128, K=96"
+    assert by_name["_4"].reason == "int4_weight_only needs K a multiple of group_size=64, K=96"
     assert fq.accuracy_report(model, q, (x,)).min_layer_sqnr >= 20  # 4 bits: ~6 dB per bit
     # the graph equals the float network with dequantized int4 weights
-    from fxopt.quant.ops import unpack_int4
+    from fxopt.quant.formats import unpack_int4
 
     ref = copy.deepcopy(model)
     for i in (0, 2):
         ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
                                                  getattr(q, f"{i}_weight_group_scale"), 64))
     torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def _k_64_96_48() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 48), nn.ReLU(), nn.Linear(48, 8)).eval()
+
+
+def test_int4_group_size_adapts_to_k_and_is_reported():
+    """K = 64, 96, 48: the largest of 128, 64, 32 dividing K (64, 32), and a reason where none does."""
+    from fxopt.optimize import optimize, report_of
+    from fxopt.quant.formats import unpack_int4
+
+    model, x = _k_64_96_48(), torch.randn(8, 64)
+    q = optimize(model, ["quantize{mode=int4_weight_only}"], example_inputs=(x,))
+    by_name = {r.name: r for r in fq.summary_of(q).sites}
+    assert (by_name["_0"].group_size, by_name["_2"].group_size) == (64, 32)
+    assert by_name["_4"].mode is None and by_name["_4"].group_size is None
+    assert by_name["_4"].reason == "int4_weight_only needs K a multiple of one of 128, 64, 32, K=48"
+    assert report_of(q).records[-1].stats["int4_group_sizes"] == {"_0": 64, "_2": 32}
+    assert 0 < fq.summary_of(q).coverage < 1
+    ref = copy.deepcopy(model)
+    for i, group in ((0, 64), (2, 32)):
+        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
+                                                 getattr(q, f"{i}_weight_group_scale"), group))
+    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_quantizing_nothing_warns_after_training_as_it_raises_before_qat():
+    """One rule in both flows: the same message, a warning for quantize, an error for prepare_qat."""
+    model, x = nn.Sequential(nn.Linear(48, 16), nn.ReLU(), nn.Linear(16, 4)).eval(), torch.randn(4, 48)
+    with pytest.warns(UserWarning, match="no quantizable site") as caught:
+        q = fq.quantize_model(model, (x,), "int4_weight_only", group_size=64)
+    assert fq.summary_of(q).coverage == 0.0
+    torch.testing.assert_close(q(x), model(x))
+    with pytest.raises(fxopt.FxoptError) as raised:
+        fq.prepare_qat(model.train(), (x,), "int4_weight_only", group_size=64)
+    warned = str(caught[0].message)
+    assert warned.startswith("quantize: ")
+    assert "_0: int4_weight_only needs K a multiple of group_size=64, K=48" in warned
+    assert "prepare_qat: " + warned.removeprefix("quantize: ") in str(raised.value)
+    # a model with something to quantize does not warn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fq.quantize_model(_k_64_96_48(), (torch.randn(2, 64),), "int4_weight_only")
 
 
 def test_per_layer_sqnr_is_measured_before_an_in_place_activation_overwrites_the_output():

@@ -43,6 +43,42 @@ def delay_last_wait(gm):
     return gm
 
 
+def _op_name(spelling: str) -> str:
+    """``all_reduce`` of ``torch.ops._c10d_functional.all_reduce.default`` and its other spellings."""
+    return spelling.split("_c10d_functional.")[-1].split(".")[0].strip()
+
+
+def training_step(x):
+    """``program`` as a trained module through ``backend="fxopt"``: the collectives of the
+    graph Dynamo captured against those of the graph handed to Inductor, the loss and the
+    gradient against eager, and why the training graph is not replayed."""
+    weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, x.numel()))
+
+    def step(x):
+        return program(x * weight).square().sum()
+
+    captured = []
+
+    def capture(gm, inputs):
+        captured.append([_op_name(str(n.target)) for n in gm.graph.nodes if "_c10d_functional" in str(n.target)])
+        return gm.forward
+
+    torch.compile(step, backend=capture)(x)
+    eager = step(x)
+    eager.backward()
+    expected_grad, weight.grad = weight.grad.clone(), None
+    torch._dynamo.reset()
+    reports = []
+    loss = torch.compile(step, backend="fxopt", options={"reports": reports, "strict": True,
+                                                         "training_cuda_graphs": True})(x)
+    loss.backward()
+    (record,) = reports
+    return {"captured": captured[0], "compiled": [_op_name(line.split("(")[0]) for line in record.code.splitlines()
+                                                  if "_c10d_functional" in line],
+            "training": record.training, "no_replay": record.no_replay,
+            "equal": bool(torch.allclose(loss, eager) and torch.allclose(weight.grad, expected_grad))}
+
+
 def main(rank: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.manual_seed(rank)
@@ -60,6 +96,7 @@ def main(rank: int, init_file: str, out: str) -> None:
             "inplace_ops": [str(n.target) for n in opt.graph.nodes
                             if n.op == "call_function" and str(n.target).endswith("_.default")],
         }
+    report["training"] = training_step(x)
     # every collective finished on both ranks before the group goes (the unused
     # all_reduce is never waited on: destroying the group with it in flight aborted a
     # rank under load)

@@ -1,7 +1,9 @@
 """Functional collectives are effects: a real 2-process gloo program through fxopt.
 
 cse must never merge two collectives, dce must not drop one, and inplace must never
-write a buffer a collective still uses before its wait_tensor (rule R16). A rank that
+write a buffer a collective still uses before its wait_tensor (rule R16). The same program
+trained through ``backend="fxopt"`` keeps its four all_reduces and is never replayed as a
+CUDA graph (a replay must issue every collective as the plain step would). A rank that
 issues a different sequence of collectives than the other hangs the program, so the
 processes run under a timeout.
 """
@@ -53,3 +55,12 @@ def test_collectives_are_kept_in_order_and_results_match_eager(reports, pipeline
 def test_inplace_never_writes_a_buffer_in_flight(reports):
     for report in reports:
         assert "aten.relu_.default" not in report["inplace"]["inplace_ops"]
+
+
+def test_a_training_step_through_the_backend_keeps_every_collective_and_is_never_replayed(reports):
+    for report in reports:
+        training = report["training"]
+        assert training["training"] and training["equal"]
+        assert training["captured"].count("all_reduce") == 4
+        assert training["compiled"] == training["captured"]  # none merged, dropped or moved
+        assert "is a collective" in training["no_replay"]

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 import torch.fx as fx
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from fxopt.errors import InputError
@@ -76,3 +76,33 @@ def test_inputs_for_names_the_placeholder_it_cannot_fill():
 @given(pipelines())
 def test_pipelines_draw_registered_pass_names(pipeline):
     assert 1 <= len(pipeline) <= 4 and set(pipeline) <= set(registered_passes())
+
+
+def _draw_only(examples: int) -> settings:
+    """Settings for drawing ``examples`` graphs in the generate phase only, as a property
+    test draws them before its body runs."""
+    return settings(deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                    max_examples=examples, phases=[Phase.generate])
+
+
+# 10,000 draws take about a minute each: the long profile runs them; CI draws 1,000.
+@pytest.mark.parametrize("examples", [1_000, pytest.param(10_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("effects", [False, True], ids=["pure", "effects"])
+def test_drawing_graphs_never_raises(examples, effects):
+    drawn = []
+
+    @_draw_only(examples)
+    @given(fx_graphs(20, 50, effects=effects))
+    def draw(gm: fx.GraphModule) -> None:
+        drawn.append(gm)
+
+    draw()  # an exception raised while drawing would fail a user's (correct) property test
+    assert len(drawn) == examples
+
+
+@_draw_only(300)
+@given(fx_graphs(20, 50, ops=["cat", "scalar_arith", "prod"]))
+def test_products_over_long_dimensions_are_bounded_without_overflow(gm):
+    # cat grows a dimension past 400 elements and scalar_arith the bound past 1: the bound of
+    # a product over it, bound ** n, is past the largest float (it used to raise OverflowError)
+    assert gm.meta["fxopt.op_kinds"]

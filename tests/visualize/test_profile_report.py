@@ -51,7 +51,7 @@ def test_profile_page_in_headless_chromium(renderer, browser, tmp_path: Path) ->
 
 def test_optimize_with_profile_puts_it_in_the_report(renderer, tmp_path: Path) -> None:
     model, x = ConvNet().eval(), torch.randn(2, 3, 32, 32)
-    gm = fxopt.optimize(model, example_inputs=(x,), profile=True)
+    gm = fxopt.optimize(model, example_inputs=(x,), profile=fxopt.profile)
     page = write_report(gm, tmp_path / "report.html", renderer=renderer).read_text()
     assert page.count('<section class="fx-profile" id="profile">') == 1
     assert 'id="heat_t_legend"' in page and 'class="fx-memory-curve"' in page

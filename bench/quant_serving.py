@@ -1,0 +1,344 @@
+"""Low-bit decode in serving order: one compiled function per variant, prefill then decode.
+
+    python3 bench/quant_serving.py --out $OUT            # needs a CUDA GPU
+
+Model: bench/quant_gpu.py's Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16,
+pre-RMSNorm + residual), quantized with default options: ``int8_weight_only``, then
+``merge_sibling_linears`` and ``fuse_swiglu``. Every variant is compiled once and called in
+serving order, M = 256 (prefill), then M = 1 repeatedly (decode), then 16 and 4, then the
+rest of ``--ms``; the first call at each M is timed (compiling included, warm process), then
+each M is timed with plain Python calls (``triton.testing.do_bench``, median; no CUDA
+graph unless the variant makes one itself). Variants, side by side in one process (the bf16
+ones compiled with Inductor's global ``freezing`` flag, the quantized ones without):
+
+- ``bf16``: ``torch.compile(model)``; ``bf16 ro``: ``mode="reduce-overhead"`` (the baselines);
+- ``int8 compile``: ``torch.compile(q)``, the plain route; ``int8 ro``: ``mode="reduce-overhead"``;
+- ``int8 fxopt``: ``torch.compile(q, backend="fxopt")``;
+- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size), with ``--int4``
+  (``--int4-sweep`` first sweeps the int4 GEMV's configurations at M = 1 and uses the fastest);
+- ``torchao``: ``Int8WeightOnlyConfig`` + ``torch.compile``, where torchao imports.
+
+Before timing: SQNR of each quantized variant against the fp32 model and the int8 compiled
+output against the int8 GraphModule run eagerly; Inductor's code of ``torch.compile(q)`` at
+M = 1 is kept and searched for calls of the fxopt ops (none: the Triton kernels are compiled
+into it). ``--first-call``: the first calls in fresh subprocesses with empty Inductor,
+Triton and fxopt caches: quantize + compile + run at M = 1, then each new M in serving order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from quant_gpu import D, MLPStack  # noqa: E402
+
+import fxopt  # noqa: E402
+import fxopt.quant as fq  # noqa: E402
+
+SERVING = [256, 1, 1, 1, 16, 4]
+MS = [1, 4, 16, 64, 256, 1024, 4096]
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def float_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = MLPStack().to("cuda", torch.bfloat16).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.02)
+    return model
+
+
+def quantized(model: nn.Module, mode: str = "int8_weight_only") -> fx.GraphModule:
+    """The model quantized with default options (int8: gate/up merged, SwiGLU fused)."""
+    x1 = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
+    q = fq.quantize_model(fx.symbolic_trace(model), (x1,), mode)
+    if mode == "int8_weight_only":
+        q = fxopt.optimize(q, ["merge_sibling_linears", "fuse_swiglu"], example_inputs=(x1,))
+    return q
+
+
+def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.float(), out.float()
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum().clamp(min=1e-30)))
+
+
+def serve(name: str, fn, ms: list[int], row: dict) -> None:
+    """Call ``fn`` in serving order (first call per M timed), then time each M."""
+    from triton.testing import do_bench
+
+    first = row.setdefault("first_call_s", {})
+    inputs = {m: torch.randn(m, D, device="cuda", dtype=torch.bfloat16) for m in set(SERVING + ms)}
+    with torch.no_grad():
+        for m in SERVING + [m for m in ms if m not in SERVING]:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn(inputs[m])
+            torch.cuda.synchronize()
+            first.setdefault(str(m), round(time.perf_counter() - start, 3))
+        ms_times = row.setdefault("ms", {})
+        for m in ms:
+            ms_times[str(m)] = do_bench(lambda m=m: fn(inputs[m]), warmup=25, rep=200, return_mode="median")
+        row["host_us_m1"] = host_us(fn, inputs[1])
+    log(f"{name}: first call s {first}; ms {({k: round(v, 4) for k, v in ms_times.items()})}; "
+        f"host us per call at M=1 {row['host_us_m1']:.1f}")
+
+
+def host_us(fn, x: torch.Tensor, calls: int = 20) -> float:
+    """Host time per call: ``calls`` calls issued back to back without synchronizing (the
+    GPU queues them), best of five rounds."""
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def inductor_code(q: fx.GraphModule, out: str) -> dict:
+    """Inductor's code for torch.compile(q) at M = 1: fxopt op calls left, user kernels."""
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        _, codes = run_and_get_code(torch.compile(q), x)
+    code = "\n".join(codes)
+    with open(os.path.join(out, "quant_serving_inductor_m1.py"), "w") as f:
+        f.write(code)
+    return {"fxopt_op_calls": code.count("fxopt_quant"),
+            "user_kernels": sorted(set(re.findall(r"\b(_gemv|_gemm|_gemv_int4|_gemm_int4|_splitk_reduce)\w*", code))),
+            "clones": len(re.findall(r"\bclone\b|aten\.copy_", code))}
+
+
+def torchao_model(model: nn.Module):
+    """torchao's int8 weight-only on a copy of the model, or the reason it cannot run."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        return None, f"torchao does not import: {type(exc).__name__}: {exc}"
+    try:
+        import torchao
+
+        ao = copy.deepcopy(model)
+        quantize_(ao, Int8WeightOnlyConfig())
+        return ao, f"torchao {torchao.__version__}"
+    except Exception as exc:  # noqa: BLE001
+        return None, f"torchao quantize_ failed: {type(exc).__name__}: {exc}"
+
+
+#: int4 GEMV launch configurations swept at M = 1: (BLOCK_N, GROUPS, warps, stages)
+INT4_GEMV = [(8, 4, 4, 1), (8, 2, 4, 2), (16, 2, 4, 2), (16, 4, 4, 1), (4, 8, 4, 1), (8, 8, 4, 1),
+             (32, 2, 8, 2), (16, 8, 8, 1), (8, 4, 2, 2), (4, 4, 2, 2)]
+
+
+def _rotated_us(call, weights: list) -> float:
+    """us per ``call(weight)``, cycling through ``weights`` in one CUDA-graph replay."""
+    from quant_gpu import bench
+
+    return 1e3 * bench(lambda: [call(w) for w in weights], graph=True) / len(weights)
+
+
+def int4_sweep() -> list[dict]:
+    """us per call of each int4 configuration at M = 1 on the stack's shapes (CUDA-graph
+    replay over 8 weights, so none is in L2), against F.linear on bf16, checked first."""
+    from functools import partial
+
+    from quant_gpu import HIDDEN
+
+    from fxopt.quant import triton_kernels as tk
+    from fxopt.quant.formats import pack_int4, unpack_int4
+
+    def int4(x, group, kernel, config, packed):
+        return tk.int4_weight_only_linear(x, *packed, group, None, kernel, config)
+
+    configs = [("gemv", {"BLOCK_N": bn, "GROUPS": gi, "num_warps": w, "num_stages": st})
+               for bn, gi, w, st in INT4_GEMV]
+    rows = []
+    for n, k in ((HIDDEN, D), (D, HIDDEN)):
+        group = 128 if k % 128 == 0 else 64
+        packed = [pack_int4(torch.randn(n, k, device="cuda"), group) for _ in range(8)]
+        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ unpack_int4(*packed[0], group).t()
+        bf16 = _rotated_us(partial(torch.nn.functional.linear, x), w16)
+        for kernel, config in configs:
+            row = {"N": n, "K": k, "group": group, "kernel": kernel, "config": config, "bf16_us": bf16}
+            call = partial(int4, x, group, kernel, config)
+            try:
+                row["sqnr_vs_dequant"] = sqnr(ref, call(packed[0]))
+                row["us"] = _rotated_us(call, packed)
+                row["TBps"] = (n * k / 2 + n * k / group * 4) / row["us"] / 1e6
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not run is a result
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            log(f"int4 {n}x{k} g{group} {kernel} {config}: {row.get('us', row.get('error'))} us "
+                f"(bf16 {bf16:.1f} us), SQNR {row.get('sqnr_vs_dequant')}")
+    return rows
+
+
+def first_call_child(route: str) -> None:
+    """Child process (fresh caches): quantize, compile, call at M = 1, then each new M."""
+    start = time.perf_counter()
+    model = float_model()
+    torch.cuda.synchronize()
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    q = quantized(model, "int4_weight_only" if route == "int4" else "int8_weight_only")
+    quantize_s = time.perf_counter() - start
+    fn = torch.compile(q, backend="fxopt") if route == "fxopt" else torch.compile(q)
+    times = {"model_s": round(built, 3), "quantize_s": round(quantize_s, 3)}
+    with torch.no_grad():
+        for m in [1, 256, 16, 4]:
+            x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn(x)
+            torch.cuda.synchronize()
+            times[str(m)] = round(time.perf_counter() - start, 3)
+    times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
+    print("FIRST_CALL " + json.dumps(times), flush=True)
+
+
+def first_calls(routes: list[str]) -> dict:
+    out = {}
+    for route in routes:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+                   "TRITON_CACHE_DIR": os.path.join(cache, "triton"), "FXOPT_CACHE_DIR": os.path.join(cache, "fxopt")}
+            proc = subprocess.run([sys.executable, __file__, "--child", route], env=env,
+                                  capture_output=True, text=True, timeout=300)
+        line = [text for text in proc.stdout.splitlines() if text.startswith("FIRST_CALL ")]
+        out[route] = json.loads(line[-1].split(" ", 1)[1]) if line else {"error": proc.stderr[-2000:]}
+        log(f"first call ({route}, cold caches): {out[route]}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    parser.add_argument("--variants", default="bf16,bf16 ro,int8 compile,int8 ro,int8 fxopt,torchao")
+    parser.add_argument("--int4", action="store_true")
+    parser.add_argument("--int4-sweep", action="store_true")
+    parser.add_argument("--first-call", default="", help="routes timed cold: compile,fxopt,int4")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        first_call_child(args.child)
+        return
+    os.makedirs(args.out, exist_ok=True)
+    ms = [int(m) for m in args.ms.split(",")]
+    variants = args.variants.split(",") + (["int4 compile"] if args.int4 else [])
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ms": ms,
+              "serving_order": SERVING, "variants": {}}
+    import triton
+    result["triton"] = triton.__version__
+
+    if args.int4_sweep:
+        # the configuration fastest over the stack's layers (gate, up: 11008x4096; down:
+        # 4096x11008) becomes the int4 GEMV's for the int4 variant below
+        result["int4_sweep_m1"] = sweep = int4_sweep()
+        from fxopt.quant import triton_kernels as tk
+
+        def stack_us(config: dict) -> float:
+            times = {r["K"]: r.get("us", float("inf")) for r in sweep if r["config"] == config}
+            return 2 * times[D] + sum(t for k, t in times.items() if k != D)
+
+        best = min((r["config"] for r in sweep), key=stack_us)
+        tk.INT4_GEMV_CONFIG.clear()
+        tk.INT4_GEMV_CONFIG.update(best)
+        result["int4_gemv_config"] = best
+        log("int4 GEMV config for the stack:", best)
+    model = float_model()
+    q = quantized(model)
+    q4 = quantized(model, "int4_weight_only") if args.int4 else None
+    if q4 is not None:
+        result["int4_group_sizes"] = sorted({r.group_size for r in fq.summary_of(q4).sites if r.group_size})
+    fp32 = copy.deepcopy(model).float()
+    xs = torch.randn(64, D, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = fp32(xs.float())
+        result["sqnr_vs_fp32_m64"] = {"bf16": sqnr(ref, model(xs)), "int8 eager": sqnr(ref, q(xs))}
+        if q4 is not None:
+            result["sqnr_vs_fp32_m64"]["int4 eager"] = sqnr(ref, q4(xs))
+    log("SQNR vs fp32 (M=64):", result["sqnr_vs_fp32_m64"])
+    try:
+        result["inductor_code_m1"] = inductor_code(q, args.out)
+    except Exception:  # noqa: BLE001
+        result["inductor_code_m1"] = {"error": traceback.format_exc()[-3000:]}
+    log("Inductor code at M=1:", result["inductor_code_m1"])
+
+    ao, why = torchao_model(model) if "torchao" in variants else (None, "not asked")
+    result["torchao"] = why
+    log(why)
+    builders = {
+        "bf16": lambda: torch.compile(model),
+        "bf16 ro": lambda: torch.compile(model, mode="reduce-overhead"),
+        "int8 compile": lambda: torch.compile(q),
+        "int8 ro": lambda: torch.compile(q, mode="reduce-overhead"),
+        "int8 fxopt": lambda: torch.compile(q, backend="fxopt"),
+        "int4 compile": lambda: torch.compile(q4),
+        "torchao": lambda: torch.compile(ao) if ao is not None else None,
+    }
+    for name in variants:
+        row = result["variants"].setdefault(name, {})
+        try:
+            torch._dynamo.reset()
+            # the bf16 baselines with freezing; the quantized variants as a user compiles them
+            # (freezing would fold the dequantized weight of the M > 256 route into a constant)
+            torch._inductor.config.freezing = name.startswith("bf16")
+            fn = builders[name]()
+            if fn is None:
+                row["error"] = why
+                continue
+            serve(name, fn, ms, row)
+            if name != "bf16" and name not in ("bf16 ro",):
+                with torch.no_grad():
+                    row["sqnr_vs_fp32_m64"] = sqnr(ref, fn(xs))
+                    if name.startswith("int8"):
+                        row["sqnr_vs_int8_eager_m64"] = sqnr(q(xs), fn(xs))
+        except Exception:  # noqa: BLE001
+            row["error"] = traceback.format_exc()[-3000:]
+            log(f"{name} failed:\n{row['error']}")
+        with open(os.path.join(args.out, "quant_serving.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    base = result["variants"].get("bf16", {}).get("ms", {})
+    best = {m: min(v["ms"][m] for k, v in result["variants"].items() if k.startswith("bf16") and "ms" in v)
+            for m in base}
+    speedups = {}
+    for name, row in result["variants"].items():
+        if "ms" in row and not name.startswith("bf16"):
+            speedups[name] = {m: {"vs_bf16_frz": round(base[m] / t, 3), "vs_best_bf16": round(best[m] / t, 3)}
+                              for m, t in row["ms"].items() if m in base}
+            log(f"{name}: " + ", ".join(f"M={m} {s['vs_bf16_frz']}x ({s['vs_best_bf16']}x best bf16)"
+                                        for m, s in speedups[name].items()))
+    result["speedups"] = speedups
+    if args.first_call:
+        result["first_call_cold"] = first_calls(args.first_call.split(","))
+    with open(os.path.join(args.out, "quant_serving.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Serving benchmark: one compiled model called at varying batch sizes (bf16 inference, one GPU).
+
+The workload a server sees: batches 32, 8 and 16, each called twice (what compiles and
+captures), then each batch timed (``triton.testing.do_bench`` median of the Python call,
+in interleaved rounds). Routes to a symbolic batch size: ``automatic`` (Dynamo recompiles
+with a dynamic batch at the second size), ``dynamic`` (``torch.compile(dynamic=True)``),
+``mark_dynamic`` (``torch._dynamo.mark_dynamic(x, 0)`` on every input). Variants: every
+Inductor mode a user could pick (default, freezing, reduce-overhead, reduce-overhead with
+freezing) and fxopt, each compiled afresh after ``torch._dynamo.reset()`` (automatic
+dynamic shapes are remembered per code object, so variants sharing one Dynamo state would
+not take the same route). Also recorded: each variant's error against eager bf16 on inputs
+it has not seen, whether a call at another batch size and a second call at the first one
+leave an earlier output intact (plain-call semantics; reduce-overhead's outputs live in its
+pool), and, for fxopt, what its replay did per shape (``CompiledGraph.replay``).
+
+    python bench/serving.py --models resnet50 --out $OUT/serving.json
+    python bench/serving.py --tiny      # CPU, stand-in model: checks the script's logic
+
+One Inductor cache is shared by every variant (kernels compiled for one serve another):
+compile times are not compared here (bench/gpu_zoo.py does, with a cold cache each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from typing import Any
+
+import torch
+from gpu_zoo import INDUCTOR_MODES, bench_ms, build, make_variant, rel_l2
+
+ROUTES = ("automatic", "dynamic", "mark_dynamic")
+VARIANTS = (*INDUCTOR_MODES, "fxopt")
+
+
+def batch_input(example: torch.Tensor, batch: int) -> torch.Tensor:
+    """Fresh random input of ``example``'s kind at ``batch``, in its memory format."""
+    x = torch.randn(batch, *example.shape[1:], device=example.device, dtype=example.dtype)
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+def serve_one(variant: str, route: str, model: torch.nn.Module, example: torch.Tensor,
+              args: argparse.Namespace) -> dict[str, Any]:
+    """Compile ``variant`` afresh, warm it up on the serving sequence, time every batch."""
+    batches = [int(b) for b in args.batches.split(",")]
+    torch._dynamo.reset()
+    stats: dict[str, Any] = {}
+    fn, context = make_variant(variant, model, stats, dynamic=True if route == "dynamic" else None)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        if route == "mark_dynamic":
+            torch._dynamo.mark_dynamic(x, 0)
+        return fn(x)
+
+    entry: dict[str, Any] = {}
+    with torch.no_grad(), context():
+        sync(args)
+        start = time.perf_counter()
+        for b in batches:
+            for _ in range(2):
+                call(batch_input(example, b))
+        sync(args)
+        entry["warm_up_s"] = time.perf_counter() - start
+        timed = {b: batch_input(example, b) for b in batches}
+        samples: dict[int, list[float]] = {b: [] for b in batches}
+        for _ in range(args.rounds):
+            for b in batches:
+                samples[b].append(bench_ms(lambda b=b: call(timed[b]), (), args.device))
+        for b in batches:
+            times = sorted(samples[b])
+            entry[f"ms_{b}"] = times[len(times) // 2]
+            entry[f"ms_{b}_samples"] = times
+            fresh = batch_input(example, b)
+            entry[f"rel_l2_{b}_vs_eager"] = rel_l2(call(fresh).float(), model(fresh).float())
+        entry["earlier_output_kept"] = earlier_output_kept(call, example, batches)
+    if variant == "fxopt":
+        reports = stats["reports"]
+        entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
+        entry["no_replay"] = [g.no_replay for g in reports if g.no_replay]
+        entry["replay_logs"] = [str(g.replay) for g in reports if g.replay is not None]
+    return entry
+
+
+def earlier_output_kept(call: Any, example: torch.Tensor, batches: list[int]) -> str:
+    """Whether an output survives a call at another batch size and a second call at its own."""
+    x = batch_input(example, batches[0])
+    try:
+        out = call(x)
+        kept = out.clone()
+        call(batch_input(example, batches[-1]))
+        call(batch_input(example, batches[0]))
+        return "yes" if torch.equal(out, kept) else "no: overwritten by a later call"
+    except RuntimeError as exc:  # reduce-overhead refuses to read an overwritten output
+        return f"no: {str(exc).splitlines()[0][:160]}"
+
+
+def sync(args: argparse.Namespace) -> None:
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def summarize(row: dict[str, Any], batches: list[int]) -> None:
+    """Per batch: fxopt against the best Inductor mode of this route."""
+    fx = row.get("fxopt", {})
+    for b in batches:
+        timed = [(row[v][f"ms_{b}"], v) for v in INDUCTOR_MODES if f"ms_{b}" in row.get(v, {})]
+        if timed and f"ms_{b}" in fx:
+            best, name = min(timed)
+            row[f"speedup_{b}"] = best / fx[f"ms_{b}"]
+            row[f"best_inductor_{b}"] = name
+
+
+def table(rows: list[dict[str, Any]], batches: list[int]) -> str:
+    lines = [f"ms per call (median of rounds) at batches {batches}, after each was called twice; "
+             "kept = an earlier output survives later calls"]
+    for r in rows:
+        lines.append(f"\n{r['model']} [{r['route']}]  fxopt vs best Inductor mode: " + ", ".join(
+            f"b{b} {r[f'speedup_{b}']:.3f}x ({r[f'best_inductor_{b}']})" for b in batches if f"speedup_{b}" in r))
+        for variant in VARIANTS:
+            v = r.get(variant, {})
+            if "error" in v:
+                lines.append(f"  {variant:26s} ERROR {v['error'][:200]}")
+                continue
+            cells = [f"b{b} {v[f'ms_{b}']:.3f}" for b in batches if f"ms_{b}" in v]
+            cells.append(f"warm-up {v.get('warm_up_s', 0):.1f}s")
+            cells.append("relL2 " + "/".join(f"{v[f'rel_l2_{b}_vs_eager']:.1e}" for b in batches
+                                             if f"rel_l2_{b}_vs_eager" in v))
+            cells.append(f"kept {v.get('earlier_output_kept', '-')[:60]}")
+            lines.append(f"  {variant:26s} " + " | ".join(cells))
+    ratios = [r[f"speedup_{b}"] for r in rows for b in batches if f"speedup_{b}" in r]
+    if ratios:
+        lines.append(f"\nall routes and batches: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x, "
+                     f"min {min(ratios):.3f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet50")
+    parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument("--batches", default="32,8,16")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="CPU stand-in model: check the script's logic")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--budget-s", type=float, default=480, help="skip what is left once this is spent")
+    args = parser.parse_args()
+    args.device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    batches = [int(b) for b in args.batches.split(",")]
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
+    started = time.perf_counter()
+    rows = []
+    for name in args.models.split(","):
+        model, inputs = build(name, args.tiny)
+        model = model.to(args.device, dtype)
+        example = inputs[0].to(args.device, dtype)
+        if example.dim() == 4:
+            model = model.to(memory_format=torch.channels_last)
+        for route in args.routes.split(","):
+            row: dict[str, Any] = {"model": name, "route": route, "batches": batches}
+            for variant in args.variants.split(","):
+                if time.perf_counter() - started > args.budget_s:
+                    row[variant] = {"error": f"skipped: time budget of {args.budget_s:.0f}s spent"}
+                    continue
+                try:
+                    row[variant] = serve_one(variant, route, model, example, args)
+                except Exception as exc:  # one broken variant must not lose the other numbers
+                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+                print(f"[{name} {route}] {variant}: {json.dumps(row[variant])}", flush=True)
+            summarize(row, batches)
+            rows.append(row)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
+    print(table(rows, batches))
+
+
+if __name__ == "__main__":
+    main()
