@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import functools
 import itertools
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,6 +131,26 @@ def test_search_reaches_the_bound_where_greedy_cannot():
         b.offset = offset
     verify_placement(buffers)
     assert solution.arena == brute_lower_bound(buffers)
+
+
+def test_small_searches_run_in_plain_python_without_loading_numba():
+    """The exact search on a small problem where every greedy order misses the bound (10
+    against 9) reaches it in plain Python: numba (seconds to compile on a fresh checkout)
+    is not even imported."""
+    rows = [("a", 5, 8, 3), ("b", 1, 1, 1), ("c", 2, 4, 4), ("d", 5, 7, 2), ("e", 3, 5, 4)]
+    code = (
+        "import sys\n"
+        "from fxopt.memory.problem import Buffer, verify_placement\n"
+        "from fxopt.memory.solver import solve\n"
+        f"buffers = [Buffer(*row) for row in {rows!r}]\n"
+        "solution = solve(buffers, time_limit=2.0)\n"
+        "for b, offset in zip(buffers, solution.offsets):\n"
+        "    b.offset = offset\n"
+        "verify_placement(buffers)\n"
+        "print(solution.method, solution.arena, 'numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["search", str(brute_lower_bound([Buffer(*r) for r in rows])), "False"]
 
 
 def load_minimalloc(name: str) -> list[Buffer]:
