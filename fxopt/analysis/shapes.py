@@ -30,17 +30,32 @@ from fxopt.errors import AnalysisError, MissingFakeImplError
 @dataclass
 class FakeState:
     """The fake mode every shape propagation of one run uses, and the fake tensors it made
-    of the module's parameters and buffers.
+    of the example inputs and the module's parameters and buffers.
 
     torch memoizes real-to-fake conversions, but holds the fakes weakly: a parameter seen
     only inside a ``call_module`` would be converted again by every propagation (most of
     a re-propagation's cost on a large model). Holding them here keeps the memo's answers
     alive; the memo stays right because passes may not change existing tensors (the
-    manager's TensorGuard) and new tensors are new keys.
+    manager's TensorGuard) and new tensors are new keys. A graph that changes a fake's
+    metadata in place (``x.unsqueeze_(0)`` on an input) makes it stale for the next run:
+    :meth:`intact` says so, and the next propagation starts a new state.
     """
 
     mode: FakeTensorMode
-    fakes: dict[int, FakeTensor] = field(default_factory=dict)
+    #: id -> (the fake, its layout when made)
+    fakes: dict[int, tuple[FakeTensor, tuple]] = field(default_factory=dict)
+
+    def keep(self, fake: FakeTensor) -> None:
+        if id(fake) not in self.fakes:
+            self.fakes[id(fake)] = (fake, _layout(fake))
+
+    def intact(self) -> bool:
+        """Whether every kept fake still has the layout it was made with."""
+        return all(_layout(fake) == layout for fake, layout in self.fakes.values())
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
 
 
 class _FakePropagator(fx.Interpreter):
@@ -48,13 +63,13 @@ class _FakePropagator(fx.Interpreter):
         super().__init__(gm, garbage_collect_values=False)
         self.extra_traceback = False
         self.mode = state.mode
-        self.fakes = state.fakes
+        self.state = state
 
     def _to_fake(self, value: Any) -> Any:
         def convert(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
                 fake = self.mode.from_tensor(x, static_shapes=True)
-                self.fakes[id(fake)] = fake
+                self.state.keep(fake)
                 return fake
             return x
 
@@ -170,16 +185,20 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
         adopted = _adopt_recorded_values(gm)
         if adopted is not None:
             return adopted
+    example_inputs = getattr(ctx, "example_inputs", None)
     state = getattr(ctx, "fake_state", None)
-    mode, fake_inputs = fake_mode_for(gm, getattr(ctx, "example_inputs", None),
-                                      state.mode if state is not None else None)
+    mode, fake_inputs = fake_mode_for(gm, example_inputs, state.mode if state is not None else None)
     if state is None or state.mode is not mode:
         state = FakeState(mode)
-        if hasattr(ctx, "fake_state"):
-            ctx.fake_state = state
+    if example_inputs is not None:  # memoized too: the next propagation gets the same fakes
+        for fake in fake_inputs:
+            if isinstance(fake, FakeTensor):
+                state.keep(fake)
     propagator = _FakePropagator(gm, state)
     with mode, torch.no_grad():
         propagator.run(*fake_inputs, enable_io_processing=False)
+    if hasattr(ctx, "fake_state"):
+        ctx.fake_state = state if state.intact() else None
     return mode
 
 

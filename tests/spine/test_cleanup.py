@@ -188,6 +188,25 @@ def test_cse_then_inplace_never_writes_a_storage_the_merged_twin_still_needs():
     assert _targets(out).count(operator.mul) == 1  # merged, and still right
 
 
+def test_shapes_after_a_change_start_from_the_inputs_not_from_what_the_graph_did_to_them():
+    """The run's shape propagations share one fake mode; a graph that changes an input's
+    metadata in place (``unsqueeze_``) must not leave the next propagation (after cse
+    changed the graph) starting from the changed fake input."""
+
+    class M(nn.Module):
+        def forward(self, x):
+            a = torch.sigmoid(x) + torch.sigmoid(x)
+            x.unsqueeze_(0)
+            return a + x
+
+    gm = fx.symbolic_trace(M())
+    out = fxopt.optimize(gm, ["cse", "eliminate_identity", "dce"], example_inputs=(torch.randn(3, 4),))
+    assert fxopt.report_of(out).find("cse")[0].changed
+    sigmoid, total, _ = (n for n in out.graph.nodes if n.op == "call_function")  # x + x, then + x
+    assert tuple(sigmoid.meta["val"].shape) == (3, 4) and tuple(total.meta["val"].shape) == (3, 4)
+    assert tuple(out.graph.output_node().meta["val"].shape) == (1, 3, 4)
+
+
 @pytest.mark.parametrize(("c1", "c2"), [(1, 1.0), (1, True), (0.0, -0.0)])
 def test_cse_distinguishes_scalars_that_compare_equal(c1, c2):
     class M(nn.Module):
