@@ -8,9 +8,10 @@ Two formats, tried in this order by ``format="auto"``:
 - ``code``: for graphs torch.export cannot capture, the folder ``PATH`` (a ``.pt2``
   suffix dropped) written by ``torch.fx.GraphModule.to_folder``: ``module.py`` (the
   generated code: a ``FxModule`` class whose ``forward`` is ``gm.code``), ``state_dict.pt``
-  (parameters and buffers), one ``NAME.pt`` per submodule that is not a plain
-  ``torch.nn`` layer, and ``__init__.py``. ``module.py`` finds those files next to itself,
-  so the folder can be copied or moved.
+  (parameters and buffers; those the graph reads through a module it never calls, such as
+  a quantized Linear's bias, as top-level entries), one ``NAME.pt`` per submodule that is
+  not a plain ``torch.nn`` layer, and ``__init__.py``. ``module.py`` finds those files
+  next to itself, so the folder can be copied or moved.
 
 Loading the ``code`` format runs Python: ``module.py`` is imported, and each ``NAME.pt``
 is a pickled module (``torch.load(..., weights_only=False)``), which can run any code;
@@ -144,8 +145,8 @@ def _tensors_at_top(gm: fx.GraphModule) -> None:
     which builds a complete layer) and loads ``state_dict.pt`` strictly. A rewrite may read a
     layer's tensors without calling it, and :func:`fxopt.graph_utils.drop_unused_attributes`
     then deletes the ones nothing reads: ``quantize`` drops a Linear's float weight and
-    reads its bias through the Linear (so do ``merge_sibling_linears``, ``constant_fold``
-    and pattern rules with what they replace). In memory that is sound, the graph never
+    reads its bias through the Linear (``merge_sibling_linears``, ``constant_fold`` and
+    pattern rules trim the tree the same way). In memory that is sound, the graph never
     calls the layer; written as a fresh ``Linear`` it expects a weight that was never saved.
     Saving is the one place that rebuilds a module from its class, so it is fixed here,
     once for every pass, rather than in each pass that trims the tree. Moved to the top,
