@@ -8,9 +8,10 @@ Two formats, tried in this order by ``format="auto"``:
 - ``code``: for graphs torch.export cannot capture, the folder ``PATH`` (a ``.pt2``
   suffix dropped) written by ``torch.fx.GraphModule.to_folder``: ``module.py`` (the
   generated code: a ``FxModule`` class whose ``forward`` is ``gm.code``), ``state_dict.pt``
-  (parameters and buffers), one ``NAME.pt`` per submodule that is not a plain
-  ``torch.nn`` layer, and ``__init__.py``. ``module.py`` finds those files next to itself,
-  so the folder can be copied or moved.
+  (parameters and buffers; those the graph reads through a module it never calls, such as
+  a quantized Linear's bias, as top-level entries), one ``NAME.pt`` per submodule that is
+  not a plain ``torch.nn`` layer, and ``__init__.py``. ``module.py`` finds those files
+  next to itself, so the folder can be copied or moved.
 
 Loading the ``code`` format runs Python: ``module.py`` is imported, and each ``NAME.pt``
 is a pickled module (``torch.load(..., weights_only=False)``), which can run any code;
@@ -25,6 +26,7 @@ readers ``import fxopt.fused_ops, fxopt.quant.ops`` first.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import shutil
 import sys
@@ -37,6 +39,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fxopt.errors import SaveError
+from fxopt.graph_utils import drop_unused_attributes, fetch_attr, fresh_attr_name
 
 Format = Literal["auto", "pt2", "code"]
 
@@ -65,7 +68,7 @@ def save_program(gm: fx.GraphModule, path: str | Path, example_inputs: Sequence[
     existed = folder.exists()
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)  # to_folder makes only the last level
-        _without_annotations(gm).to_folder(folder.resolve(), "FxModule")
+        _writable_copy(gm).to_folder(folder.resolve(), "FxModule")
         _load_from_own_folder(folder / "module.py", folder.resolve())
     except Exception as exc:
         if not existed:  # leave no half-written folder behind
@@ -119,16 +122,57 @@ def load_program(path: str | Path) -> nn.Module:
     return module.FxModule()
 
 
-def _without_annotations(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose code has no type annotations: ``to_folder`` writes them as
-    names (``_torch_Tensor_``) that its ``module.py`` never defines."""
+def _writable_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` that ``to_folder`` writes as a folder that loads back: its tensors
+    read through modules it never calls moved to the top (:func:`_tensors_at_top`), and
+    no type annotations in its code (``to_folder`` writes them as names, such as
+    ``_torch_Tensor_``, that its ``module.py`` never defines)."""
     from fxopt.optimize import copy_sharing_tensors
 
     copy = copy_sharing_tensors(gm)
+    _tensors_at_top(copy)
     for node in copy.graph.nodes:
         node.type = None
     copy.recompile()
     return copy
+
+
+def _tensors_at_top(gm: fx.GraphModule) -> None:
+    """Make each tensor the graph reads (``get_attr``) through a module it never calls an
+    attribute of ``gm`` itself, then drop the part of the module tree nothing names any more.
+
+    Why: ``to_folder`` writes each ``torch.nn`` layer as its ``repr()`` (``Linear(...)``,
+    which builds a complete layer) and loads ``state_dict.pt`` strictly. A rewrite may read a
+    layer's tensors without calling it, and :func:`fxopt.graph_utils.drop_unused_attributes`
+    then deletes the ones nothing reads: ``quantize`` drops a Linear's float weight and
+    reads its bias through the Linear (``merge_sibling_linears``, ``constant_fold`` and
+    pattern rules trim the tree the same way). In memory that is sound, the graph never
+    calls the layer; written as a fresh ``Linear`` it expects a weight that was never saved.
+    Saving is the one place that rebuilds a module from its class, so it is fixed here,
+    once for every pass, rather than in each pass that trims the tree. Moved to the top,
+    the tensors are plain entries of ``state_dict.pt`` and need no pickled holder module.
+
+    A tensor read through a called module stays where it is (the module and the graph
+    share it); a tensor read under several names gets one attribute, so it stays one tensor.
+    """
+    called = {node.target for node in gm.graph.nodes if node.op == "call_module"}
+    top = {id(t): name for name, t in itertools.chain(gm._parameters.items(), gm._buffers.items())
+           if t is not None}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or "." not in node.target:
+            continue
+        holders = itertools.accumulate(node.target.split(".")[:-1], lambda a, b: f"{a}.{b}")
+        value = fetch_attr(gm, node.target)
+        if not isinstance(value, torch.Tensor) or any(h in called for h in holders):
+            continue
+        if id(value) not in top:
+            top[id(value)] = name = fresh_attr_name(gm, node.target)
+            if isinstance(value, nn.Parameter):
+                gm.register_parameter(name, value)
+            else:
+                gm.register_buffer(name, value)
+        node.target = top[id(value)]
+    drop_unused_attributes(gm)
 
 
 def _first_line(exc: BaseException) -> str:

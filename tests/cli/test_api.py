@@ -117,6 +117,26 @@ def test_a_code_folder_loads_after_it_is_moved(tmp_path):
         torch.testing.assert_close(loaded(fresh), model(fresh), rtol=1e-5, atol=1e-6)
 
 
+def test_a_tensor_read_under_two_names_stays_one_tensor_in_a_code_folder(tmp_path):
+    """The graph increments ``a.count`` in place and reads ``b.count``, the same tensor: the
+    loaded program must see its own increments (tied, not two copies)."""
+    shared = torch.zeros(3)
+    root = nn.Module()
+    root.a, root.b = nn.Module(), nn.Module()
+    root.a.register_buffer("count", shared)
+    root.b.register_buffer("count", shared)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("a.count"), 1))
+    graph.output(graph.call_function(torch.add, (x, graph.get_attr("b.count"))))
+    gm = torch.fx.GraphModule(root, graph)
+    loaded = load_program(save_program(gm, tmp_path / "tied", (torch.zeros(3),), format="code")[0])
+    fresh = torch.randn(3)
+    for calls in (1, 2, 3):
+        assert torch.equal(loaded(fresh), fresh + calls)
+    assert torch.equal(shared, torch.zeros(3))  # saving and the loaded copy never touch gm's tensor
+
+
 def test_save_errors_are_typed_and_leave_no_half_written_folder(tmp_path):
     gm = fxopt.optimize(_Net().eval(), example_inputs=(torch.randn(3, 4),))
     with pytest.raises(SaveError, match="unknown format"):

@@ -91,6 +91,23 @@ def test_save_as_code_writes_readable_code_and_weights_that_load_back(workdir):
     assert_same_function(load_program(workdir / "net"), reference(workdir, "module"))
 
 
+
+@pytest.mark.parametrize("fmt", ["code", "pt2"])
+def test_a_quantized_program_saved_in_either_format_loads_back(workdir, fmt):
+    """quantize drops each Linear's float weight: the saved program still loads, and
+    computes what the same quantization computes in process (bitwise: same ops, same tensors)."""
+    import fxopt.quant as fq
+    from fxopt.saving import load_program
+
+    result = fxopt_cli(workdir, "optimize", "factories.py:module", "-i", "2,4", "-p",
+                       "quantize{mode=int8_weight_only}", "--save", "net", "--save-format", fmt)
+    assert result.returncode == 0, result.stderr
+    saved = load_program(workdir / ("net" if fmt == "code" else "net.pt2"))
+    quantized = fq.quantize_model(reference(workdir, "module"), (torch.randn(2, 4),), "int8_weight_only")
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        assert torch.equal(saved(x), quantized(x))
+
 #: each mistake, the command line that makes it, and what the one line must name
 MISTAKES = {
     "missing file": (["optimize", "nowhere.py:module", "-i", "2,4"], "no such file"),
