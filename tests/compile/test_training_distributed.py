@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,7 +96,12 @@ def _worker(rank, init, out):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo_training")
-    torch.multiprocessing.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=2, join=True)
+    # the ranks unpickle _worker by this module's name (tests.compile...), so they import it
+    # from the repository root, which plain `pytest` (unlike `python -m pytest`) leaves off
+    # sys.path; spawn hands the parent's sys.path to its children
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+        torch.multiprocessing.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=2, join=True)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
