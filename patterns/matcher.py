@@ -463,8 +463,13 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
             matched.add(extra)
             matched.update(dead)
     positions = sweep.positions
-    first = min(body, key=positions.__getitem__)
-    last = max(body, key=positions.__getitem__)
+    first = last = body[0]  # one loop for both ends (same ties as min and max: the first wins)
+    for g in body:
+        at = positions[g]
+        if at < positions[first]:
+            first = g
+        elif at > positions[last]:
+            last = g
     early = _earliest_point(m, first, positions)
     if early is not last and not sweep.blocked(m.gm, early, last, matched, _blocks_move):
         m.insert_at = early
