@@ -158,6 +158,10 @@ def _describe(value: Any) -> str:
     return f"literal {value!r}"
 
 
+#: the canonical-form cache has no entry for a node (None is a form: "no canonical form")
+_UNSEEN = object()
+
+
 @dataclass(slots=True)
 class Failure:
     """Why a candidate did not match: the deepest point the matcher reached."""
@@ -191,11 +195,11 @@ class StructuralMatcher:
                                      if is_commutative(form.op) and len(form.args) >= 2)
 
     def canon(self, node: fx.Node) -> Canon | None:
-        try:
-            return self.cache[node]
-        except KeyError:
+        # a sentinel, not KeyError: in a fresh sweep most lookups miss, and raising costs more
+        form = self.cache.get(node, _UNSEEN)
+        if form is _UNSEEN:
             form = self.cache[node] = canonicalize(node)
-            return form
+        return form
 
     def match(self, anchor: fx.Node) -> State | None:
         self.failure = Failure()
@@ -297,7 +301,12 @@ class StructuralMatcher:
             return state,
         return self._branch(want, have, i, state, g)
 
-    def _branch(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
+    def _branch(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterable[State]:
+        if i + 1 == len(want):  # the last argument (``relu(add(x, y))``): its states are the list's
+            return self._arg(want[i], have[i], state, g, i)
+        return self._then(want, have, i, state, g)
+
+    def _then(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
         for next_state in self._arg(want[i], have[i], state, g, i):
             yield from self._args(want, have, i + 1, next_state, g)
 
@@ -454,8 +463,13 @@ def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepSt
             matched.add(extra)
             matched.update(dead)
     positions = sweep.positions
-    first = min(body, key=positions.__getitem__)
-    last = max(body, key=positions.__getitem__)
+    first = last = body[0]  # one loop for both ends (same ties as min and max: the first wins)
+    for g in body:
+        at = positions[g]
+        if at < positions[first]:
+            first = g
+        elif at > positions[last]:
+            last = g
     early = _earliest_point(m, first, positions)
     if early is not last and not sweep.blocked(m.gm, early, last, matched, _blocks_move):
         m.insert_at = early

@@ -291,15 +291,16 @@ class _Writer:
         if self.carries_values or annotated:
             propagate_meta(self.gm, created)
             self.carries_values = True
-        position = self.sweep.positions[at] - 0.5
+        positions, made_by, cache, body = self.sweep.positions, self.made_by, self.cache, m.body
+        position, origin = positions[at] - 0.5, self.pass_name or r.name
         for new in created:
-            self.sweep.positions[new] = position
-            self.made_by[new] = r
+            positions[new] = position
+            made_by[new] = r
             if new.op != "get_attr":
-                record_replacement(new, m.body, self.pass_name or r.name)
+                record_replacement(new, body, origin)
         for old, new in zip(m.outputs, new_outputs):
             for user in old.users:
-                self.cache.pop(user, None)
+                cache.pop(user, None)
             old.replace_all_uses_with(new)
         if m.reads_metadata:
             _reroute_metadata_reads(m, new_outputs)
@@ -358,14 +359,15 @@ class _Writer:
                     left.append(g)
                     continue
                 form = cache.pop(g, None)
-                if g.op in ("get_attr", "call_module"):  # its attribute may now be unused
+                if g.op == "get_attr" or g.op == "call_module":  # its attribute may now be unused
                     self.released.add(g.target)
                 graph.erase_node(g)
                 erased.add(g)
                 progress = True
-                for extra in form.interior if form is not None else ():
-                    pending.append(extra)
-                    pending.extend(dead_uses(extra, g) or ())
+                if form is not None and form.interior:
+                    for extra in form.interior:
+                        pending.append(extra)
+                        pending.extend(dead_uses(extra, g) or ())
             pending = left
 
     def remove_dead_attributes(self) -> None:
