@@ -53,8 +53,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from fxopt.analysis.alias import storages_of
-from fxopt.analysis.ops import mutated_inputs
+from fxopt.analysis.alias import storages_of, traced_value, written_storages
 from fxopt.analysis.shapes import VALUES_CURRENT
 from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name
@@ -153,6 +152,9 @@ class BackendOptions:
         inductor = options.get("inductor") or {}
         if not isinstance(inductor, Mapping):
             raise PassOptionError(_BACKEND, "inductor", f"expected a dict of Inductor options, got {inductor!r}")
+        if budget is not None and "custom_partitioner_fn" in inductor:
+            raise PassOptionError(_BACKEND, "memory_budget", "the budget is applied through Inductor's "
+                                  "custom_partitioner_fn, which inductor={...} sets too: give one of them")
         bad = sorted(k for k in inductor if not _is_inductor_option(k))
         if bad:
             raise PassOptionError(_BACKEND, "inductor", f"unknown Inductor option(s) {bad}")
@@ -450,14 +452,14 @@ class FreezeParameters(Pass):
         graph = gm.graph
         placeholders = list(graph.find_nodes(op="placeholder"))
         keep = list(range(len(self.example_inputs)))
-        written = _written_storages(graph)
+        written = written_storages(graph)
         if written is None:
             return PassResult(False, {"frozen": [], "inputs_kept": keep,
                                       "not frozen": "a written tensor has no fake value"})
         frozen: list[str] = []
         anchor = placeholders[-1] if placeholders else None
         for index, (node, value) in enumerate(zip(placeholders, self.example_inputs)):
-            if not _is_weight(node, value) or storages_of(_fake(node)) & written:
+            if not _is_weight(node, value) or storages_of(traced_value(node)) & written:
                 continue
             attr = fresh_attr_name(gm, f"_frozen_{node.name}")
             if isinstance(value, torch.nn.Parameter):
@@ -487,9 +489,9 @@ def _traced_frozen(gm: fx.GraphModule, training: bool, opts: BackendOptions) -> 
     if not opts.freeze or training or not any(isinstance(v, torch.nn.Parameter) for v in gm.parameters()):
         return False
     # an optimizer's update writes the very parameters: they are state, not constants
-    written = _written_storages(gm.graph)
+    written = written_storages(gm.graph)
     return written is not None and not any(
-        storages_of(_fake(n)) & written for n in gm.graph.find_nodes(op="get_attr") if _fake(n) is not None)
+        storages_of(traced_value(n)) & written for n in gm.graph.find_nodes(op="get_attr") if traced_value(n) is not None)
 
 
 def _is_weight(node: fx.Node, value: Any) -> bool:
@@ -508,23 +510,6 @@ def _is_weight(node: fx.Node, value: Any) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return source is not None and is_from_unspecialized_param_buffer_source(source)
-
-
-def _fake(node: fx.Node) -> Any:
-    return node.meta.get("val", node.meta.get("example_value"))
-
-
-def _written_storages(graph: fx.Graph) -> set | None:
-    """Storages any node writes in place, running statistics included (None if some
-    written value is unknown)."""
-    written: set = set()
-    for node in graph.nodes:
-        for target in mutated_inputs(node):
-            value = _fake(target)
-            if value is None:
-                return None
-            written |= storages_of(value)
-    return written
 
 
 def _sync_dynamo_metadata(gm: fx.GraphModule) -> None:

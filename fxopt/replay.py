@@ -61,7 +61,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_flatten, tree_map
 
 from fxopt.analysis import ops
-from fxopt.analysis.alias import storages_of
+from fxopt.analysis.alias import storages_of, traced_value
 
 __all__ = ["GraphReplay", "ReplayLog", "ShapeBook", "ShapeCache", "refusal", "signature"]
 
@@ -83,7 +83,7 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool
         if value.device.type != "cuda":
             return f"input {index} is on {value.device}"
     placeholders = set(gm.graph.find_nodes(op="placeholder"))
-    inputs = set().union(*(storages_of(_value(n)) for n in placeholders))
+    inputs = set().union(*(storages_of(traced_value(n)) for n in placeholders))
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
@@ -91,13 +91,13 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool
         if facts.random or facts.collective or facts.stateful or facts.unknown:
             return f"node {node.name} is not known to be pure ({facts.reason or 'effects'})"
         for written in facts.writes:  # a write into the graph's own tensors replays alike
-            if storages_of(_value(written)) & inputs or _value(written) is None:
+            if storages_of(traced_value(written)) & inputs or traced_value(written) is None:
                 return f"node {node.name} writes input {written.name}"
-        if free_unbacked_symbols(_value(node)):  # e.g. nonzero, .item(): sizes from data
+        if free_unbacked_symbols(traced_value(node)):  # e.g. nonzero, .item(): sizes from data
             return f"node {node.name} has a size that depends on data"
     seen: set = set()
     for index, out in enumerate(tree_flatten(gm.graph.output_node().args[0])[0]):
-        value = _value(out) if isinstance(out, fx.Node) else out
+        value = traced_value(out) if isinstance(out, fx.Node) else out
         if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
             return f"output {index} is not a CUDA tensor"
         storages = storages_of(value)
@@ -107,10 +107,6 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool
             return f"output {index} shares storage with another output"
         seen |= storages
     return None
-
-
-def _value(node: fx.Node) -> Any:
-    return node.meta.get("val", node.meta.get("example_value"))
 
 
 def signature(args: Sequence[Any]) -> tuple | None:
@@ -303,12 +299,13 @@ class GraphReplay:
         return tree_map(_clone, entry.outputs)
 
     def _capture(self, entry: _Capture, args: Sequence[Any]) -> Any:
-        # what replay reads from: the caller's inputs are never part of the graph
-        entry.inputs = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-                        if isinstance(a, torch.Tensor) else a for a in args]
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.cuda.current_device())
         graph = torch.cuda.CUDAGraph()
         try:
+            # what replay reads from: the caller's inputs are never part of the graph (an
+            # input whose elements overlap, e.g. expanded, cannot be copied into: plain then)
+            entry.inputs = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                            if isinstance(a, torch.Tensor) else a for a in args]
             with torch.cuda.device(device):
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()

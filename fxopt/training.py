@@ -51,13 +51,9 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from fxopt.analysis import ops
-from fxopt.analysis.alias import storages_of
+from fxopt.analysis.alias import storages_of, traced_value, written_storages
 
 __all__ = ["PlainOutputs", "inductor_skips", "refusal", "training_route"]
-
-
-def _value(node: fx.Node) -> Any:
-    return node.meta.get("val", node.meta.get("example_value"))
 
 
 def training_route(gm: fx.GraphModule, *, training: bool,
@@ -68,17 +64,10 @@ def training_route(gm: fx.GraphModule, *, training: bool,
         return True
     state = [n for n in gm.graph.find_nodes(op="placeholder") if is_state(n)]
     state += list(gm.graph.find_nodes(op="get_attr"))
-    written = _written_storages(gm)
-    return any(storages_of(_value(n)) & written for n in state if _value(n) is not None)
-
-
-def _written_storages(gm: fx.GraphModule) -> set:
-    written: set = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            for target in ops.facts(node).writes:
-                written |= storages_of(_value(target))
-    return written
+    written = written_storages(gm.graph)
+    if written is None:  # a write into something unknown: take it for state, never inference
+        return True
+    return any(storages_of(traced_value(n)) & written for n in state if traced_value(n) is not None)
 
 
 def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -87,7 +76,7 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     could differ from running it (None: it cannot). ``is_state`` says which placeholders
     are parameters or buffers (static addresses that Inductor writes where they are)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    caller_owned = set().union(*(storages_of(_value(n)) for n in placeholders if not is_state(n)))
+    caller_owned = set().union(*(storages_of(traced_value(n)) for n in placeholders if not is_state(n)))
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
@@ -97,12 +86,18 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         if facts.unknown:
             return f"node {node.name} is not known to the op-facts model ({facts.reason})"
         for written in facts.writes:
-            if _value(written) is None or storages_of(_value(written)) & caller_owned:
+            if traced_value(written) is None or storages_of(traced_value(written)) & caller_owned:
                 return f"node {node.name} writes input {written.name}, which is not a parameter or buffer"
-        for leaf in tree_flatten(_value(node))[0]:
+        for leaf in tree_flatten(traced_value(node))[0]:
             if isinstance(leaf, torch.SymInt | torch.SymFloat | torch.SymBool) or (
                     isinstance(leaf, torch.Tensor) and any(not isinstance(s, int) for s in leaf.shape)):
                 return f"node {node.name} has a dynamic shape"
+    seen: set = set()  # outputs are cloned apart, which would break their aliasing
+    for index, out in enumerate(tree_flatten(gm.graph.output_node().args[0])[0]):
+        storages = storages_of(traced_value(out)) if isinstance(out, fx.Node) else set()
+        if storages & seen:
+            return f"output {index} shares storage with another output"
+        seen |= storages
     for index, value in enumerate(example_inputs):
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             return f"input {index} is a symbolic size (dynamic shapes)"
@@ -114,11 +109,11 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 def fresh_outputs(gm: fx.GraphModule) -> list[bool]:
     """For each flat output of ``gm``: whether it is a tensor of the graph's own (not a view
     of an input), i.e. one that Inductor's replay leaves in its memory pool."""
-    inputs = set().union(set(), *(storages_of(_value(n)) for n in gm.graph.find_nodes(op="placeholder")))
-    inputs |= set().union(set(), *(storages_of(_value(n)) for n in gm.graph.find_nodes(op="get_attr")))
+    inputs = set().union(set(), *(storages_of(traced_value(n)) for n in gm.graph.find_nodes(op="placeholder")))
+    inputs |= set().union(set(), *(storages_of(traced_value(n)) for n in gm.graph.find_nodes(op="get_attr")))
     flags = []
     for out in tree_flatten(gm.graph.output_node().args[0])[0]:
-        value = _value(out) if isinstance(out, fx.Node) else out
+        value = traced_value(out) if isinstance(out, fx.Node) else out
         flags.append(isinstance(value, torch.Tensor) and not (storages_of(value) & inputs))
     return flags
 

@@ -31,6 +31,25 @@ from fxopt.analysis.registry import register_analysis
 from fxopt.analysis.shapes import call_module_on_copies
 
 
+def traced_value(node: fx.Node) -> Any:
+    """The value tracing recorded for ``node``: ``meta['val']``, else Dynamo's
+    ``example_value`` (None when neither is there)."""
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def written_storages(graph: fx.Graph) -> set[StorageWeakRef] | None:
+    """Storages any node writes in place, whatever its kind of call (running statistics
+    included); None if some written value is unknown."""
+    written: set = set()
+    for node in graph.nodes:
+        for target in mutated_inputs(node):
+            value = traced_value(target)
+            if value is None:
+                return None
+            written |= storages_of(value)
+    return written
+
+
 def storages_of(value: Any) -> set[StorageWeakRef]:
     """The storages of every tensor inside ``value`` (a tensor or a nested structure)."""
     return {

@@ -295,6 +295,23 @@ def test_other_strides_run_plainly_and_the_callers_capture_still_works():
 
 
 @cuda
+def test_an_input_whose_elements_overlap_runs_plainly():
+    """An expanded input cannot be copied into a buffer of its strides: that shape runs
+    plainly, says why, and the call still returns eager's result."""
+    torch._dynamo.reset()
+    model = nn.Linear(16, 8).cuda().eval()
+    reports: list = []
+    fn = torch.compile(model, backend="fxopt", options={"reports": reports})
+    row = torch.randn(1, 16, device="cuda")
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="could not be captured"):
+        outs = [fn(row.expand(4, 16)) for _ in range(3)]
+    with torch.no_grad():
+        for out in outs:
+            torch.testing.assert_close(out, model(row.expand(4, 16)), rtol=1e-3, atol=1e-4)
+    assert "capture failed" in str(reports[-1].replay)
+
+
+@cuda
 def test_random_graphs_are_not_replayed_and_stay_random():
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).cuda().train()

@@ -36,6 +36,8 @@ def state(*names):
     (lambda x: F.dropout(x, 0.5, True) * 2, [(4,)], (), None),  # graph-safe Philox: draws as plain calls
     (lambda x: x * 2, [(4,)], (), None),
     (lambda x, m: (x - m).relu(), [(4,), (4,)], (), None),
+    # cloned apart, two views of one tensor would no longer alias as eager's do
+    (lambda x: (lambda h: (h, h.view(2, 2)))(x * 2), [(4,)], (), "output 1 shares storage with another output"),
 ])
 def test_refused_where_a_training_replay_could_differ(fn, shapes, is_state, reason):
     gm, inputs = make_fx_graph(fn, *shapes)
@@ -155,6 +157,12 @@ def test_training_cuda_graphs_must_be_a_bool():
 def test_memory_budget_must_be_a_fraction(budget):
     with pytest.raises(PassOptionError, match="memory_budget"):
         fxopt.compile(nn.Linear(2, 2), options={"memory_budget": budget})
+
+
+def test_memory_budget_and_a_partitioner_of_ones_own_are_not_both_taken():
+    with pytest.raises(PassOptionError, match="memory_budget.*custom_partitioner_fn"):
+        fxopt.compile(nn.Linear(2, 2), options={"memory_budget": 0.5,
+                                                "inductor": {"custom_partitioner_fn": None}})
 
 
 class Wide(nn.Module):
