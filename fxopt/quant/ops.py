@@ -200,9 +200,12 @@ def int8_dynamic_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | No
 
 def int8_weight_only_linear_reference(x: Tensor, w: Tensor, w_scale: Tensor,
                                       bias: Tensor | None) -> Tensor:
-    """The definition of the weight-only op: ``F.linear(x, w.to(x.dtype)) * scale + bias``."""
-    out = F.linear(x, w.to(x.dtype)) * w_scale.to(x.dtype)
-    return out + bias.to(x.dtype) if bias is not None else out
+    """The definition of the weight-only op: ``F.linear(x, dequantized w, bias)``, the weight
+    dequantized in float32 (``w * scale`` per output channel) before the cast to ``x``'s
+    dtype: scaling the product instead would keep it unscaled in ``x``'s dtype, and in
+    float16 a product that the scale would bring back into range overflows to inf."""
+    weight = (w.to(torch.float32) * w_scale.to(torch.float32).reshape(-1, 1)).to(x.dtype)
+    return F.linear(x, weight, bias.to(x.dtype) if bias is not None else None)
 
 
 def int4_weight_only_linear_reference(x: Tensor, w: Tensor, scales: Tensor, group_size: int,

@@ -33,7 +33,6 @@ Every site not quantized is reported with its reason, in the pass's stats and in
 from __future__ import annotations
 
 import fnmatch
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,7 +392,7 @@ class Quantize(Pass):
             raise InputError("quantize: int8_static needs calibrated observers; run insert_observers, "
                              "then fxopt.quant.calibrate(gm, data), then quantize")
         if message := nothing_quantized(self.name, planned):
-            warnings.warn(message, stacklevel=2)
+            ctx.warn(message)
         builder = _Builder(gm, ctx.analysis("shapes"), self.options, self.weight_scales)
         summary = QuantSummary()
         for site, mode, reason in planned:

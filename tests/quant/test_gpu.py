@@ -10,8 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fxopt
+import fxopt  # noqa: F401 - registers backend="fxopt"
 import fxopt.quant as fq
+from fxopt.quant.accuracy import sqnr
 from fxopt.quant.formats import pack_int4, unpack_int4
 from fxopt.quant.ops import ops
 
@@ -19,11 +20,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from torch._inductor.utils import run_and_get_code  # noqa: E402
-
-
-def _sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum()))
 
 
 def _int8(rows: int, k: int):
@@ -54,8 +50,8 @@ def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype, 
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             expected = reference(x)
-            assert _sqnr(expected, op(x, w, s, bias)) > 35, m
-            assert _sqnr(expected, compiled(x)) > 35, m
+            assert sqnr(expected, op(x, w, s, bias)) > 35, m
+            assert sqnr(expected, compiled(x)) > 35, m
     code = "\n".join(codes)
     assert not re.search(r"fxopt_quant\.\w+\(", code)  # no Python op call left
     assert "_gemv" in code or "_gemm" in code  # fxopt's kernels, compiled into the wrapper
@@ -71,11 +67,11 @@ def test_above_256_rows_the_op_is_dequantize_then_cublas():
         out, codes = run_and_get_code(compiled, x)
     code = "\n".join(codes)
     assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
-    assert _sqnr(x.float() @ wf.t(), out) > 35
+    assert sqnr(x.float() @ wf.t(), out) > 35
 
 
 def test_int4_weight_only_eager_and_compiled():
-    n, k = 80, 384  # group 128 by default on K = 384
+    n, k = 80, 384  # groups of 128 on K = 384
     packed, scales = pack_int4(torch.randn(n, k, device="cuda"), 128)
     wf = unpack_int4(packed, scales, 128)
     compiled = torch.compile(lambda x: ops.int4_weight_only_linear(x, packed, scales, 128, None),
@@ -84,8 +80,8 @@ def test_int4_weight_only_eager_and_compiled():
         for m in (1, 7, 64, 200):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = x.float() @ wf.t()
-            assert _sqnr(expected, ops.int4_weight_only_linear(x, packed, scales, 128, None)) > 35, m
-            assert _sqnr(expected, compiled(x)) > 35, m
+            assert sqnr(expected, ops.int4_weight_only_linear(x, packed, scales, 128, None)) > 35, m
+            assert sqnr(expected, compiled(x)) > 35, m
 
 
 def test_quantized_mlp_through_the_fxopt_backend_and_plain_compile():
@@ -98,9 +94,8 @@ def test_quantized_mlp_through_the_fxopt_backend_and_plain_compile():
             with torch.no_grad():
                 for m in (1, 4, 33):
                     xm = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
-                    assert _sqnr(q(xm), fn(xm)) > 35, (mode, m)
-                    assert _sqnr(model(xm), fn(xm)) > (25 if mode == "int8_weight_only" else 12), (mode, m)
-    assert fxopt  # the backend is registered by importing fxopt
+                    assert sqnr(q(xm), fn(xm)) > 35, (mode, m)
+                    assert sqnr(model(xm), fn(xm)) > (25 if mode == "int8_weight_only" else 12), (mode, m)
 
 
 def test_gradients_on_cuda():

@@ -439,6 +439,7 @@ def test_quantizing_nothing_warns_after_training_as_it_raises_before_qat():
     with pytest.warns(UserWarning, match="no quantizable site") as caught:
         q = fq.quantize_model(model, (x,), "int4_weight_only", group_size=64)
     assert fq.summary_of(q).coverage == 0.0
+    assert fxopt.report_of(q).warnings == [str(caught[0].message)]  # in the run's report too
     torch.testing.assert_close(q(x), model(x))
     with pytest.raises(fxopt.FxoptError) as raised:
         fq.prepare_qat(model.train(), (x,), "int4_weight_only", group_size=64)
@@ -470,3 +471,17 @@ def test_per_layer_sqnr_is_measured_before_an_in_place_activation_overwrites_the
         assert a.sqnr > 30
         assert b.sqnr == pytest.approx(a.sqnr, rel=1e-6), a.name
         assert b.max_abs == pytest.approx(a.max_abs, rel=1e-6), a.name
+
+
+def test_the_weight_only_reference_stays_finite_in_float16_where_the_product_would_not():
+    """The reference dequantizes the weight before the product: an unscaled int8 product in
+    float16 overflows where the scaled one is in range (the route above 256 rows on CUDA)."""
+    from fxopt.quant.ops import int8_weight_only_linear_reference
+
+    w = torch.full((8, 4096), 127, dtype=torch.int8)
+    scale = torch.full((8,), 1e-3)
+    x = torch.full((300, 4096), 8.0)
+    out = int8_weight_only_linear_reference(x.half(), w, scale, None)
+    expected = x.double() @ (w.double() * scale.double()[:, None]).t()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=0)
