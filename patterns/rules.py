@@ -428,6 +428,11 @@ def _as_rule(pattern: Callable | Rule, replacement: PatternSource | None, where:
              constraints: dict[str, Constraint],
              replacement_callback: Callable[[Match], PatternSource] | None = None) -> Rule:
     if isinstance(pattern, Rule):
+        given = [name for name, value in (("replacement", replacement), ("where", where),
+                                          ("replacement_callback", replacement_callback)) if value]
+        if given or constraints:
+            raise PatternError(f"replace: {', '.join(given + sorted(constraints))} given with a Rule, "
+                               "which has its own: pass them to fxopt.patterns.rule instead")
         return pattern
     return rule(pattern, replacement, where=where, replacement_callback=replacement_callback, **constraints)
 

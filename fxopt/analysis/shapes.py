@@ -21,6 +21,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map
 
 from fxopt.analysis.registry import register_analysis
@@ -55,7 +56,7 @@ class FakeState:
 
 
 def _layout(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, StorageWeakRef(t.untyped_storage())
 
 
 class _FakePropagator(fx.Interpreter):
@@ -195,10 +196,12 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
             if isinstance(fake, FakeTensor):
                 state.keep(fake)
     propagator = _FakePropagator(gm, state)
-    with mode, torch.no_grad():
-        propagator.run(*fake_inputs, enable_io_processing=False)
-    if hasattr(ctx, "fake_state"):
-        ctx.fake_state = state if state.intact() else None
+    try:
+        with mode, torch.no_grad():
+            propagator.run(*fake_inputs, enable_io_processing=False)
+    finally:  # a run that failed half-way may have changed a kept fake (x.unsqueeze_) all the same
+        if hasattr(ctx, "fake_state"):
+            ctx.fake_state = state if state.intact() else None
     return mode
 
 

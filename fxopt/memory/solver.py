@@ -166,6 +166,7 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     if best_arena <= target or n > search_limit or time_limit <= 0:
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
     nodes = 0
+    began = time.perf_counter()  # the quick search below spends the same time_limit
     if n <= PYTHON_GREEDY_MAX:
         quick = BranchAndBound(starts, ends, sizes, target, compiled=False, deadline=time.perf_counter()
                                + min(PYTHON_SEARCH_SECONDS, 0.1 * time_limit))
@@ -178,7 +179,6 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
     # most of the time goes to the target itself, then to ever looser capacities (a looser
     # capacity prunes less, so it is not necessarily found sooner); each round gets a share
     # of the time left
-    began = time.perf_counter()
     schedule = ((1.0, 0.6), (1.02, 0.4), (1.05, 0.5), (1.10, 1.0))
     best_method = "greedy"
     for factor, share in schedule:

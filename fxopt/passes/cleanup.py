@@ -170,9 +170,11 @@ class ConstantFold(Pass):
                 # folding it would only copy the weight
                 views += 1
                 continue
-            # a result in a storage of its own becomes the buffer as it is; one that shares
-            # a storage with an earlier folded value (a view of it) is copied
-            if storage is None or storage in held:
+            # a result that is its whole storage becomes the buffer as it is; one that shares
+            # a storage with an earlier folded value, or holds only part of its storage (a
+            # slice of a larger temporary, which would keep all of it alive), is copied
+            whole = value.untyped_storage().nbytes() == value.numel() * value.element_size()
+            if storage is None or storage in held or not whole:
                 value = value.clone()
             else:
                 held.add(storage)

@@ -75,3 +75,15 @@ def test_module_with_parameters_in_a_pattern() -> None:
 
 def test_errors_are_fxopt_errors() -> None:
     assert issubclass(PatternError, FxoptError) and issubclass(PatternError, ValueError)
+
+
+def test_a_rule_given_with_arguments_of_its_own_is_an_error_not_ignored() -> None:
+    r = fp.rule(lambda x: torch.relu(x), lambda x: torch.clamp_min(x, 0.0))
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    before = gm.code
+    with pytest.raises(PatternError, match="replacement_callback"):
+        fp.replace(gm, r, replacement_callback=lambda m: (lambda x: x))
+    with pytest.raises(PatternError, match="where"):
+        fp.replace(gm, r, where=lambda m: False)
+    assert gm.code == before  # untouched
+    assert fp.replace(gm, r) == 1

@@ -288,6 +288,23 @@ def test_constant_fold_buffers_never_share_storage_with_the_users_tensors():
     torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)
 
 
+def test_constant_fold_copies_a_slice_rather_than_keep_its_whole_temporary_alive():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(256, 64))
+
+        def forward(self, x):
+            return x + (self.w * 2)[0:1]
+
+    model = M().eval()
+    out = fxopt.optimize(fx.symbolic_trace(model), passes="constant_fold{max_bytes=1000}")
+    (folded,) = [b for name, b in out.named_buffers() if name.startswith("_folded")]
+    assert folded.shape == (1, 64) and folded.untyped_storage().nbytes() == 64 * 4  # not 256 rows
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(out(x), model(x), rtol=0, atol=0)
+
+
 def test_constant_fold_respects_the_size_cap():
     gm = fx.symbolic_trace(_Foldable().eval())
     out = fxopt.optimize(gm, passes="constant_fold{max_bytes=100}")
