@@ -117,13 +117,15 @@ def fresh_outputs(gm: fx.GraphModule) -> list[bool]:
     return flags
 
 
-class _PendingGrads(threading.local):
+class _PendingGrads:
     """Gradients that ``AccumulateGrad`` stole out of a replayed backward's pool into
-    ``.grad``, per thread (Inductor's CUDA-graph trees are per thread), with the generation
-    of the trees they belong to: the first replay of a later generation may reuse their
-    memory, so :meth:`PlainOutputs.__call__` copies those still held before it runs."""
+    ``.grad``, with the generation of the CUDA-graph trees they belong to: the first replay
+    of a later generation may reuse their memory, so :meth:`PlainOutputs.__call__` copies
+    those still held before it runs. One for the process, behind a lock, not one per
+    thread: the autograd engine runs a CUDA backward on a thread of its own."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
         self.generation: int | None = None
         self.grads: list[tuple[weakref.ref, int]] = []
 
@@ -169,9 +171,10 @@ class _GradsOutOfPool(torch.autograd.Function):
                   for (node, _), g in zip(edges[1:], grads)
                   if g is not None and hasattr(node, "variable")]
         generation = _generation()
-        if _PENDING.generation != generation:
-            _PENDING.generation, _PENDING.grads = generation, []
-        _PENDING.grads += stolen
+        with _PENDING.lock:
+            if _PENDING.generation != generation:
+                _PENDING.generation, _PENDING.grads = generation, []
+            _PENDING.grads += stolen
         return (None, *grads)
 
 
@@ -180,12 +183,13 @@ def _copy_stolen_grads() -> None:
     earlier generation's backward: the replay about to run may overwrite it."""
     if not _PENDING.grads or _PENDING.generation == _generation():
         return
+    with _PENDING.lock:
+        pending, _PENDING.grads = _PENDING.grads, []
     with torch.no_grad():
-        for ref, pointer in _PENDING.grads:
+        for ref, pointer in pending:
             leaf = ref()
             if leaf is not None and leaf.grad is not None and leaf.grad.data_ptr() == pointer:
                 leaf.grad = leaf.grad.clone()
-    _PENDING.grads = []
 
 
 class PlainOutputs:
