@@ -317,3 +317,56 @@ def test_an_evaluation_between_steps_sees_the_weights_the_steps_wrote():
                     t.mul_(1.1).add_(0.01 * step)
     frozen = [r for r in reports if r.frozen]
     assert frozen and "weights changed" in frozen[0].fallback
+
+
+class _Pool:
+    """Stands in for a replayed graph: its gradient output lives in one buffer that the next
+    "replay" overwrites, as a CUDA-graph pool's does. Only the storage is kept, so that
+    AccumulateGrad may steal the tensor (as it steals the trees' outputs)."""
+
+    def __init__(self):
+        self.storage = None
+
+    def pointer(self):
+        return self.storage.data_ptr()
+
+    def __call__(self, w, x):
+        pool = self
+
+        class Replayed(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, w, x):
+                return (w * x).sum()
+
+            @staticmethod
+            def backward(ctx, g):
+                if pool.storage is None:
+                    pool.storage = torch.empty(3).untyped_storage()
+                out = torch.empty(0).set_(pool.storage, 0, (3,), (1,))
+                out.copy_(g * x)  # written in place: the pool's one buffer
+                return out, None
+
+        return (Replayed.apply(w, x),)
+
+
+def test_gradients_never_reach_the_caller_in_the_pool(monkeypatch):
+    from fxopt import training
+
+    generation = [0]
+    monkeypatch.setattr(training, "_generation", lambda: generation[0])
+    pool = _Pool()
+    step = PlainOutputs(pool, [True])
+    w, x = torch.randn(3, requires_grad=True), torch.randn(3)
+    (got,) = torch.autograd.grad(step(w, x)[0], [w])  # returned to the caller: a copy
+    assert got.data_ptr() != pool.pointer()
+    step(w, x)[0].backward()  # .grad was None: AccumulateGrad steals the pool's buffer
+    assert w.grad.data_ptr() == pool.pointer()
+    step(w, 2 * x)  # same generation (a graph of the same step): nothing copied
+    assert w.grad.data_ptr() == pool.pointer()
+    generation[0] += 1  # the next step: .grad is copied out before the replay
+    loss = step(w, 2 * x)[0]
+    assert w.grad.data_ptr() != pool.pointer()
+    torch.testing.assert_close(w.grad, x)
+    loss.backward()  # accumulates into the copy; the pool's buffer is overwritten
+    torch.testing.assert_close(w.grad, 3 * x)
+    torch.testing.assert_close(got, x)
