@@ -39,7 +39,8 @@ EXPECT_REPLAY = {
     "whole_step": True,
     "gradient_accumulation": True,
     "model_called_twice": True,
-    "metric_and_eval": True,
+    "metric_without_backward": True,
+    "no_grad_eval_between_steps": True,
     "autograd_grad_and_retain_graph": True,
     "outputs_kept_across_steps": True,
     "gradient_clipping": True,
@@ -127,16 +128,23 @@ def twice_loop(model, opt, fn, run):
         run.keep("b", b.detach())
 
 
-def metric_and_eval_loop(model, opt, fn, run):
-    """After each step, a metric forward under grad mode that nothing backpropagates
-    (batch norm still updates its statistics), and an evaluation under ``no_grad`` in eval
-    mode, which sees the weights of this step."""
+def metric_loop(model, opt, fn, run):
+    """After each step, a metric forward under grad mode that nothing backpropagates (its
+    autograd graph dies unused; batch norm still updates its statistics)."""
     xv, yv = run.held_out
     for _, (x, y) in run.steps():
         train_step(run, fn, opt, x, y)
         metric = fn(xv)
-        run.keep("metric", (metric.argmax(1) == yv).float().mean())
+        run.keep("accuracy", (metric.argmax(1) == yv).float().mean())
         run.keep("metric_logits", metric.detach())
+
+
+def eval_loop(model, opt, fn, run):
+    """After each step, an evaluation in eval mode under ``no_grad``, which must see this
+    step's weights (and leave the batch-norm statistics alone)."""
+    xv, _ = run.held_out
+    for _, (x, y) in run.steps():
+        train_step(run, fn, opt, x, y)
         with run.uncounted():  # an inference graph: its replay is not the training step's
             model.eval()
             with torch.no_grad():
@@ -246,7 +254,8 @@ CASES = {
     "whole_step": Case(step_loop, target=whole_step()),
     "gradient_accumulation": Case(accumulation_loop),
     "model_called_twice": Case(twice_loop),
-    "metric_and_eval": Case(metric_and_eval_loop),
+    "metric_without_backward": Case(metric_loop),
+    "no_grad_eval_between_steps": Case(eval_loop),
     "autograd_grad_and_retain_graph": Case(autograd_grad_loop),
     "outputs_kept_across_steps": Case(kept_outputs_loop),
     "gradient_clipping": Case(step_loop, target=whole_step(clip=0.5)),
@@ -267,8 +276,10 @@ CASES = {
 }
 
 #: the loops also run on CPU, where nothing is replayed: the comparisons themselves are tested
-ON_CPU = ("model_only", "whole_step", "gradient_accumulation", "outputs_kept_across_steps",
-          "metric_and_eval", "dropout_as_eager_draws")
+ON_CPU = ("model_only", "whole_step", "outputs_kept_across_steps", "dropout_as_eager_draws",
+          pytest.param("no_grad_eval_between_steps", marks=pytest.mark.xfail(strict=True, reason=(
+              "the backend freezes the weights of a no_grad graph (inference) at its first call: an "
+              "evaluation after later optimizer steps computes with the old weights on CPU (issue #29)"))))
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
