@@ -108,13 +108,15 @@ class Run:
     batches: list[tuple[torch.Tensor, torch.Tensor]]
     held_out: tuple[torch.Tensor, torch.Tensor]
     device: str
+    #: whether the last steps count graph calls (the fxopt run does, the reference does not)
+    counting: bool = True
     kept: dict[str, list[Any]] = field(default_factory=dict)
     calls: GraphCalls = field(default_factory=GraphCalls)
 
     def steps(self) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         """The step numbers and batches; the last :data:`COUNTED` steps count graph calls."""
         for i, batch in enumerate(self.batches):
-            counted = i >= len(self.batches) - COUNTED
+            counted = self.counting and i >= len(self.batches) - COUNTED
             if counted:
                 self.calls.start()
             yield i, batch
@@ -198,22 +200,27 @@ def make_batches(case: Case, device: str) -> tuple[list, tuple]:
     return [batch(sizes[i % len(sizes)]) for i in range(STEPS)], batch(sizes[0])
 
 
-def execute(case: Case, base: nn.Module, device: str, options: dict[str, Any] | None) -> Outcome:
+def compile_target(target: Callable, options: dict[str, Any]) -> Callable:
+    """``fxopt.compile(model)`` for a module, ``torch.compile(step, backend="fxopt")`` for a
+    step function."""
+    if isinstance(target, nn.Module):
+        return fxopt.compile(target, options=options)
+    return torch.compile(target, backend="fxopt", options=options)
+
+
+def execute(case: Case, base: nn.Module, device: str, options: dict[str, Any] | None, *,
+            counting: bool) -> Outcome:
     """``case.loop`` on a copy of ``base``: as written (``options`` None) or with its target
-    compiled by the fxopt backend with ``options``."""
+    compiled by the fxopt backend with ``options``; ``counting``: count the graph calls of
+    the last steps."""
     torch._dynamo.reset()
     model = case.wrap(copy.deepcopy(base).to(device))
     opt = case.optimizer(model)
     target = case.target(model, opt)
     reports: list[Any] = []
-    if options is None:
-        fn = target
-    elif isinstance(target, nn.Module):
-        fn = fxopt.compile(target, options={**options, "reports": reports})
-    else:
-        fn = torch.compile(target, backend="fxopt", options={**options, "reports": reports})
+    fn = target if options is None else compile_target(target, {**options, "reports": reports})
     batches, held_out = make_batches(case, device)
-    run = Run(batches, held_out, device)
+    run = Run(batches, held_out, device, counting=counting)
     torch.manual_seed(SEED)
     torch.cuda.manual_seed(SEED)
     try:
@@ -236,8 +243,8 @@ def check_case(case: Case, device: str, expect_replay: bool) -> None:
     was replayed in its last steps if and only if ``expect_replay``."""
     torch.manual_seed(0)
     base = case.model()
-    want = execute(case, base, device, case.reference)
-    got = execute(case, base, device, case.options)
+    want = execute(case, base, device, case.reference, counting=False)
+    got = execute(case, base, device, case.options, counting=True)
     for part, value in want.state.items():
         torch.testing.assert_close(got.state[part], value, equal_nan=True, **case.tolerance,
                                    msg=lambda m, part=part: f"{part}: {m}")

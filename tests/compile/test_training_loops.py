@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import loops_harness
 from .loops_harness import Case, Mlp, check_case, replayed
 
 #: whether the backend replays the case's training graphs (True), or runs them plainly and
@@ -336,3 +337,57 @@ def test_the_launch_count_sees_replays_and_only_replays():
     assert replayed(lambda: [graph.replay() for _ in range(3)]) >= 3
     assert replayed(lambda: x * 2) == 0
     torch.testing.assert_close(y, x * 2)
+
+
+# --- the harness fails what it must ---------------------------------------------------------
+
+class Pooled(torch.autograd.Function):
+    """Every output in one buffer that the next call overwrites: a CUDA-graph pool whose
+    outputs are not cloned out."""
+
+    @staticmethod
+    def forward(ctx, out, pool):
+        return pool.copy_(out).view_as(pool)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class Skewed(torch.autograd.Function):
+    """Gradients 0.1% too large."""
+
+    @staticmethod
+    def forward(ctx, out):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.001
+
+
+def pooled(fn):
+    pool = {}
+    return lambda x: (lambda out: Pooled.apply(out, pool.setdefault(out.shape, torch.empty_like(out))))(fn(x))
+
+
+def drawing(fn):
+    return lambda x: (torch.rand(()), fn(x))[1]
+
+
+@pytest.mark.parametrize("mutant, complaint", [
+    (pooled, "kept: "),
+    (lambda fn: lambda x: Skewed.apply(fn(x)), "kept: "),
+    (drawing, "other random numbers"),
+    (lambda fn: fn, "no report says why"),  # the control: the same loop twice, no reports
+])
+def test_the_harness_fails_a_compile_that_is_not_the_plain_loop(monkeypatch, mutant, complaint):
+    monkeypatch.setattr(loops_harness, "compile_target", lambda target, options: mutant(target))
+    with pytest.raises(AssertionError, match=complaint):
+        check_case(CASES["model_only"], "cpu", expect_replay=False)
+
+
+def test_the_harness_fails_a_replay_expected_but_not_launched(monkeypatch):
+    monkeypatch.setattr(loops_harness, "compile_target", lambda target, options: target)
+    with pytest.raises(AssertionError, match="no CUDA graph replayed"):
+        check_case(CASES["model_only"], "cpu", expect_replay=True)
