@@ -279,9 +279,7 @@ CASES = {
 
 #: the loops also run on CPU, where nothing is replayed: the comparisons themselves are tested
 ON_CPU = ("model_only", "whole_step", "outputs_kept_across_steps", "dropout_as_eager_draws",
-          pytest.param("no_grad_eval_between_steps", marks=pytest.mark.xfail(strict=True, reason=(
-              "the backend freezes the weights of a no_grad graph (inference) at its first call: an "
-              "evaluation after later optimizer steps computes with the old weights on CPU (issue #29)"))))
+          "no_grad_eval_between_steps")
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
