@@ -462,11 +462,14 @@ def _work_copy(gm: fx.GraphModule) -> fx.GraphModule:
     for old, new in zip(gm.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
-    if hasattr(gm, "_param_name_to_source"):
-        # AOTAutograd reads it to know the graph came from Dynamo: without it, parameter
-        # and buffer inputs are not static inputs, so CUDA-graph trees would copy every
-        # weight into the graph on every replay (and skip graphs that update BatchNorm stats)
-        work._param_name_to_source = gm._param_name_to_source
+    # What AOTAutograd reads of a Dynamo graph module: without _param_name_to_source,
+    # parameter and buffer inputs are not static inputs, so CUDA-graph trees would copy every
+    # weight into the graph on every replay (and skip graphs that update BatchNorm stats);
+    # with it but without the other two, AOTAutograd counted saved weights as buffers it may
+    # donate to the backward, and retain_graph=True failed where plain torch.compile runs
+    for attr in ("_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason"):
+        if hasattr(gm, attr):
+            setattr(work, attr, getattr(gm, attr))
     for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]

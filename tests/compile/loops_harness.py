@@ -47,7 +47,9 @@ class Mlp(nn.Module):
 
     def __init__(self, bn: bool = True, p: float = 0.0):
         super().__init__()
-        self.fc1 = nn.Linear(16, 32)
+        # no bias before batch norm, which subtracts it again: its gradient would be rounding
+        # noise, which Adam scales up to full steps of arbitrary sign
+        self.fc1 = nn.Linear(16, 32, bias=not bn)
         self.bn = nn.BatchNorm1d(32) if bn else nn.Identity()
         self.drop = nn.Dropout(p)
         self.fc2 = nn.Linear(32, 4)
@@ -254,6 +256,8 @@ def check_case(case: Case, device: str, expect_replay: bool) -> None:
 
 
 def check_replay(outcome: Outcome, expect_replay: bool) -> None:
+    """Launches seen, reports agreeing: a replay where one is expected, none and a reason
+    where the case runs plainly."""
     calls, reports = outcome.calls, outcome.reports
     said = [(r.name, r.training, r.fallback or r.no_replay) for r in reports]
     if expect_replay:
