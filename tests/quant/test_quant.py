@@ -390,7 +390,17 @@ def test_int4_pack_round_trip_and_group_scales():
     torch.testing.assert_close(scales, w.reshape(6, 4, 64).abs().amax(-1) / 7)
 
 
-def test_int4_weight_only_mode_skips_what_it_cannot_pack():
+def _with_int4_weights_by_hand(model: nn.Sequential, groups: dict[int, int], int4_by_hand) -> nn.Module:
+    """A copy of ``model`` whose layers ``groups`` (index -> group size) have their weight
+    quantized to int4 and dequantized by the test's own quantizer."""
+    ref = copy.deepcopy(model)
+    for i, group in groups.items():
+        values, scales = int4_by_hand(model[i].weight, group)
+        ref[i].weight = nn.Parameter(values * scales.repeat_interleave(group, dim=1))
+    return ref
+
+
+def test_int4_weight_only_mode_skips_what_it_cannot_pack(int4_by_hand):
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 96), nn.ReLU(),
                           nn.Linear(96, 10)).eval()
     x = torch.randn(8, 256)
@@ -399,24 +409,21 @@ def test_int4_weight_only_mode_skips_what_it_cannot_pack():
     assert by_name["_0"].mode == by_name["_2"].mode == "int4_weight_only"
     assert by_name["_4"].reason == "int4_weight_only needs K a multiple of group_size=64, K=96"
     assert fq.accuracy_report(model, q, (x,)).min_layer_sqnr >= 20  # 4 bits: ~6 dB per bit
-    # the graph equals the float network with dequantized int4 weights
-    from fxopt.quant.formats import unpack_int4
-
-    ref = copy.deepcopy(model)
-    for i in (0, 2):
-        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
-                                                 getattr(q, f"{i}_weight_group_scale"), 64))
-    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+    # the graph equals the float network with int4 weights quantized apart from fxopt
+    fresh = torch.randn(5, 256)
+    ref = _with_int4_weights_by_hand(model, {0: 64, 2: 64}, int4_by_hand)
+    torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
 
 
 def _k_64_96_48() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 48), nn.ReLU(), nn.Linear(48, 8)).eval()
 
 
-def test_int4_group_size_adapts_to_k_and_is_reported():
-    """K = 64, 96, 48: the largest of 128, 64, 32 dividing K (64, 32), and a reason where none does."""
+def test_int4_group_size_adapts_to_k_and_is_reported(int4_by_hand):
+    """K = 64, 96, 48: the largest of 128, 64, 32 dividing K (64, 32), and a reason where
+    none does; the numbers are those of the float network with its weights quantized in
+    groups of that size by the test's own quantizer (another group size rounds otherwise)."""
     from fxopt.optimize import optimize, report_of
-    from fxopt.quant.formats import unpack_int4
 
     model, x = _k_64_96_48(), torch.randn(8, 64)
     q = optimize(model, ["quantize{mode=int4_weight_only}"], example_inputs=(x,))
@@ -426,11 +433,11 @@ def test_int4_group_size_adapts_to_k_and_is_reported():
     assert by_name["_4"].reason == "int4_weight_only needs K a multiple of one of 128, 64, 32, K=48"
     assert report_of(q).records[-1].stats["int4_group_sizes"] == {"_0": 64, "_2": 32}
     assert 0 < fq.summary_of(q).coverage < 1
-    ref = copy.deepcopy(model)
-    for i, group in ((0, 64), (2, 32)):
-        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
-                                                 getattr(q, f"{i}_weight_group_scale"), group))
-    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+    fresh = torch.randn(5, 64)
+    ref = _with_int4_weights_by_hand(model, {0: 64, 2: 32}, int4_by_hand)
+    torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
+    coarser = _with_int4_weights_by_hand(model, {0: 64, 2: 96}, int4_by_hand)
+    assert not torch.allclose(q(fresh), coarser(fresh), rtol=1e-3, atol=1e-3)  # the check can tell
 
 
 def test_quantizing_nothing_warns_after_training_as_it_raises_before_qat():
