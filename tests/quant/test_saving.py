@@ -192,7 +192,9 @@ def _bytes_on_disk(where) -> int:
 def test_a_tensor_read_through_a_called_and_an_uncalled_module_is_saved_once_and_tied(tmp_path, fmt):
     gm = _read_through_a_called_and_an_uncalled_module()
     x = torch.randn(3, 256)
+    before = gm(x)
     where = save_program(gm, tmp_path / "net", (x,), format=fmt)[0]
+    assert torch.equal(gm(x), before) and gm.holder.w is gm.blocks[0].weight  # untouched
     weight_bytes = 256 * 256 * 4
     assert weight_bytes <= _bytes_on_disk(where) < 1.5 * weight_bytes  # the weight's bytes once
     loaded = load_program(where)
