@@ -308,11 +308,14 @@ def test_backward_under_grad(case: Case):
     ref_inputs, ref_out = run(model, case.inputs(4), grad=True)
     inputs, out = run(gm, case.inputs(4), grad=True)
     diff = [t for t in leaves(out) if t.requires_grad]
-    if not diff:
+    ref_diff = [t for t in leaves(ref_out) if t.requires_grad]
+    assert len(diff) == len(ref_diff)
+    if not diff:  # e.g. a comparison's bool output: nothing to differentiate, as in eager
         return
     sum(t.float().sum() for t in diff).backward()  # must not raise a version-counter error
-    sum(t.float().sum() for t in leaves(ref_out) if t.requires_grad).backward()
-    for a, b in zip(ref_inputs, inputs):
+    sum(t.float().sum() for t in ref_diff).backward()
+    for a, b in zip(ref_inputs, inputs, strict=True):
+        assert (a.grad is None) == (b.grad is None)
         if a.grad is not None:
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-6)
 
