@@ -195,13 +195,13 @@ def test_weight_only_meets_sqnr_targets_and_matches_dequantized_reference():
     report = fq.accuracy_report(model, q, (x,))
     assert report.min_layer_sqnr >= 40 and report.end_to_end.sqnr >= 35
     assert report.end_to_end.top1 >= 0.95
-    # the same network with every weight replaced by its dequantized int8 weight
-    ref = _mlp()
-    ref.load_state_dict(model.state_dict())
+    # the same network with every weight quantized by the test itself: symmetric int8 per
+    # output channel (absmax / 127), rounded, clamped to -127..127, dequantized
+    ref = copy.deepcopy(model)
     for i in (0, 2, 4):
-        name = f"{i}_weight"
-        w = getattr(q, f"{name}_int8").float() * getattr(q, f"{name}_scale")[:, None]
-        ref[i].weight = nn.Parameter(w)
+        w = model[i].weight.detach()
+        scale = w.abs().amax(1, keepdim=True) / 127
+        ref[i].weight = nn.Parameter(torch.clamp(torch.round(w / scale), -127, 127) * scale)
     fresh = torch.randn(16, 128)
     torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
 
