@@ -390,6 +390,29 @@ def test_int4_pack_round_trip_and_group_scales():
     torch.testing.assert_close(scales, w.reshape(6, 4, 64).abs().amax(-1) / 7)
 
 
+def test_int4_packing_is_the_layout_its_version_names(int4_by_hand):
+    """Packing 2, byte by byte: in group g, byte j holds element j (low nibble) and
+    element j + group/2 (high), each plus 8. Saved programs record this version: a change
+    of layout must raise ``INT4_FORMAT_VERSION`` and teach ``convert_int4`` the old one."""
+    from fxopt.quant.formats import INT4_FORMAT_VERSION, convert_int4, pack_int4
+
+    w, group = torch.randn(3, 128), 32
+    values, _ = int4_by_hand(w, group)
+    nibbles = (values + 8).to(torch.int64)
+    expected = torch.empty(3, 64, dtype=torch.int64)
+    for g in range(128 // group):
+        for j in range(group // 2):
+            low, high = nibbles[:, g * group + j], nibbles[:, g * group + j + group // 2]
+            expected[:, g * group // 2 + j] = low + 16 * high
+    packed, _ = pack_int4(w, group)
+    assert INT4_FORMAT_VERSION == 2 and torch.equal(packed.to(torch.int64), expected)
+    # packing 1 paired element j of the row with element j + K/2
+    rows = (nibbles[:, :64] + 16 * nibbles[:, 64:]).to(torch.uint8)
+    assert torch.equal(convert_int4(rows, group, 1), packed)
+    with pytest.raises(ValueError, match="no conversion from int4 packing version 3"):
+        convert_int4(rows, group, 3)
+
+
 def _with_int4_weights_by_hand(model: nn.Sequential, groups: dict[int, int], int4_by_hand) -> nn.Module:
     """A copy of ``model`` whose layers ``groups`` (index -> group size) have their weight
     quantized to int4 and dequantized by the test's own quantizer."""
