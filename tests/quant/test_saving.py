@@ -206,3 +206,32 @@ def test_a_tensor_read_through_a_called_and_an_uncalled_module_is_saved_once_and
         expected.blocks[0].weight.mul_(2)
     fresh = torch.randn(x.shape)  # pt2: the example's shapes
     torch.testing.assert_close(loaded(fresh), expected(fresh))
+
+
+class _TiedBias(nn.Module):
+    """``a`` stays float (skipped) and is called; ``b`` is quantized, so the graph reads its
+    bias, the same tensor as ``a``'s, through ``b`` without calling it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+        self.b.bias = self.a.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x).relu())
+
+
+@pytest.mark.parametrize("fmt", ["code", "pt2"])
+def test_a_bias_shared_by_a_float_layer_and_a_quantized_one_stays_one_tensor(tmp_path, fmt):
+    model, x = _TiedBias().eval(), torch.randn(4, 64)
+    q = fq.quantize_model(model, (x,), "int8_weight_only", skip="a")
+    assert {r.name: r.mode for r in fq.summary_of(q).sites} == {"a": None, "b": "int8_weight_only"}
+    loaded = load_program(save_program(q, tmp_path / "net", (x,), format=fmt)[0])
+    biases = [t for t in loaded.state_dict(keep_vars=True).values()
+              if t.shape == (64,) and torch.equal(t, model.a.bias)]  # not b's weight scale
+    assert len(biases) >= 2 and len({t.data_ptr() for t in biases}) == 1
+    with torch.no_grad():
+        biases[0].add_(1.0)
+        model.a.bias.add_(1.0)  # q reads the model's tensors: the same update
+    fresh = torch.randn(4, 64)
+    torch.testing.assert_close(loaded(fresh), q(fresh), rtol=0, atol=0)
