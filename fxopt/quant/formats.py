@@ -7,7 +7,8 @@ Why versions: a quantized weight is a plain int8 or uint8 tensor, so nothing in 
 says how to decode them. :func:`fxopt.saving.save_program` writes :data:`WEIGHT_FORMATS`
 with every program and :func:`fxopt.saving.load_program` converts or refuses a program
 whose weights were written in another version. Whoever changes what a format's bytes mean
-raises its version here and teaches :func:`convert_int4` (or its int8 twin) the old one.
+raises its version here and writes the conversion from the old one, as
+:func:`convert_int4` does for int4 packing 1 (or lets loading refuse it).
 """
 
 from __future__ import annotations
