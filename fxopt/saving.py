@@ -231,9 +231,9 @@ def _convert_int4(module: nn.Module, version: int | None, path: Path) -> None:
             continue
         if version is None:
             raise SavedFormatError(
-                f"{path} was saved without format versions (format 0, by fxopt before versions were "
-                f"written; this fxopt writes format {FORMAT_VERSION}) and holds int4 weights, packed as "
-                f"packing 1 (fxopt before 2026-11-26) or {INT4_FORMAT_VERSION}: say which with "
+                f"{path} holds int4 weights but does not say their packing (saved without format versions: "
+                f"format 0, by fxopt before versions were written; this fxopt writes format {FORMAT_VERSION}); "
+                f"they are packing 1 (fxopt before 2026-11-26) or {INT4_FORMAT_VERSION}: say which with "
                 f"load_program(path, int4_format=...), or quantize the model again and save it with this fxopt")
         weight = node.kwargs.get("w", node.args[1] if len(node.args) > 1 else None)
         group = node.kwargs.get("group_size", node.args[3] if len(node.args) > 3 else None)
