@@ -382,18 +382,22 @@ def profile_kernels(fn: Callable, inputs: tuple, calls: int = 5, top: int = 25) 
 
 
 def profile_text(model: str, profiles: dict[str, dict[str, Any]]) -> str:
-    """Kinds side by side (us per call, launches per call), then each variant's top kernels."""
+    """Kinds side by side (us per call, launches per call; with two variants, the first's
+    time minus the second's: where the first loses), then each variant's top kernels."""
     names = list(profiles)
     lines = [f"{model}: GPU time per call by kernel kind, us (launches per call)",
-             f"  {'kind':22s}" + "".join(f"{n:>30s}" for n in names)]
+             f"  {'kind':22s}" + "".join(f"{n:>30s}" for n in names)
+             + (f"{names[0] + ' - ' + names[1]:>40s}" if len(names) == 2 else "")]
     for kind in (*KERNEL_KINDS, "total"):
-        cells = []
+        cells, times = [], []
         for n in names:
             p = profiles[n]
             us, launches = ((p["gpu_us_per_call"], p["launches_per_call"]) if kind == "total"
                             else (p["kinds"][kind]["us"], p["kinds"][kind]["launches"]))
             cells.append(f"{us:20.1f} ({launches:5.1f})")
-        lines.append(f"  {kind:22s}" + "".join(f"{c:>30s}" for c in cells))
+            times.append(us)
+        diff = f"{times[0] - times[1]:+40.1f}" if len(names) == 2 else ""
+        lines.append(f"  {kind:22s}" + "".join(f"{c:>30s}" for c in cells) + diff)
     for n in names:
         lines.append(f"\n{model} {n}: top kernels (us per call, launches per call, us per launch, kind)")
         for k in profiles[n]["top"]:
