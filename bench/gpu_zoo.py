@@ -59,7 +59,8 @@ INDUCTOR_MODES = ("inductor", "inductor_freezing", "reduce_overhead", "reduce_ov
 #: more variants, by request: see make_variant
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
                   "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
-                  "inductor_freezing_cpp_wrapper", "fxopt_no_replay")
+                  "inductor_freezing_cpp_wrapper", "fxopt_no_replay", "fxopt_autotune_gemm",
+                  "fxopt_cudnn_sdpa")
 #: variants that capture CUDA graphs themselves: the harness's own capture is not timed
 SELF_GRAPHED = ("reduce_overhead", "reduce_overhead_freezing")
 
@@ -216,6 +217,8 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
             options["inductor"] = {"cpp_wrapper": True}
         if variant == "fxopt_no_replay":  # the backend's kernels launched one by one
             options["cuda_graphs"] = False
+        if variant == "fxopt_autotune_gemm":  # probe: Triton GEMM templates, which can hold an
+            options["inductor"] = {"max_autotune_gemm": True}  # exact-GELU epilogue (cuBLAS's is tanh)
         compiled = torch.compile(model, backend="fxopt", options=options, dynamic=dynamic)
         if variant == "fxopt_cudnn":
             return compiled, _cudnn_fusions
@@ -223,6 +226,8 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
             return compiled, lambda: torch._inductor.config.patch(freezing=True)
         if variant == "fxopt_global_freezing_unfixed":
             return compiled, _global_freezing_unfixed
+        if variant == "fxopt_cudnn_sdpa":  # probe: cuDNN's attention first where it applies
+            return compiled, _cudnn_attention_first
         return compiled, contextlib.nullcontext
     raise ValueError(variant)
 
@@ -260,6 +265,15 @@ def _global_freezing_unfixed():
             yield
     finally:
         backend._traced_frozen = saved
+
+
+def _cudnn_attention_first() -> contextlib.AbstractContextManager:
+    """SDPA backends in the order cuDNN, flash, memory-efficient, math: the backend is picked
+    while the graph is traced, so the first call decides what the compiled code runs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(order, set_priority=True)
 
 
 @contextlib.contextmanager
@@ -597,6 +611,9 @@ def summarize(row: dict[str, Any]) -> None:
         if key in fx and key in row.get("max_autotune", {}):
             row[f"{key.replace('ms', 'speedup')}_vs_max_autotune"] = row["max_autotune"][key] / fx[key]
     best = min((v["ms"] for v in modes if "ms" in v), default=None)
+    if best is not None:  # every fxopt variant, probes included, against the same best mode
+        row["fxopt_variants_vs_best_inductor"] = {
+            name: best / v["ms"] for name, v in row.items() if name.startswith("fxopt") and isinstance(v, dict) and "ms" in v}
     if "ms" in row.get("fxopt_no_replay", {}) and best is not None:  # what replay adds
         row["no_replay_speedup_vs_best_inductor"] = best / row["fxopt_no_replay"]["ms"]
     for mode in ("reduce_overhead", "reduce_overhead_freezing"):  # against Inductor's own CUDA graphs
@@ -637,8 +654,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                         f"; UPPER BOUND, modes timed: {', '.join(r.get('modes_timed', ())) or 'none'}") + ")"
                      + f"; numerics {({True: 'ok', False: 'OUT'}).get(r.get('numerics_ok'), '-')}")
         lines.extend(f"  HARNESS PROBLEM: {p[:200]}" for p in r.get("harness_problems", []))
+        if len(r.get("fxopt_variants_vs_best_inductor", {})) > 1:
+            lines.append("  fxopt variants vs best Inductor, plain: " + ", ".join(
+                f"{name} {ratio:.3f}x" for name, ratio in r["fxopt_variants_vs_best_inductor"].items()))
         for variant, v in r.items():
-            if not isinstance(v, dict) or variant in ("profile", "profile_errors"):
+            if not isinstance(v, dict) or variant in ("profile", "profile_errors", "fxopt_variants_vs_best_inductor"):
                 continue
             if "error" in v:
                 lines.append(f"  {variant:32s} ERROR {v['error'][:200]}")
