@@ -15,7 +15,7 @@ every variant against an fp32 eager run, and against bf16 eager on inputs no var
 seen). ``--profile MODELS`` also writes, for fxopt and the best Inductor variant of each
 named model, the GPU kernels of one call grouped by kind (conv, depthwise conv, GEMM,
 attention, GELU/pointwise, layer norm, copies, other) with time per call
-(``profile_<model>_<layout>.txt`` / ``.json`` next to ``--out``).
+(``profile_<model>[_<layout>].txt`` / ``.json`` next to ``--out``).
 
     python bench/gpu_zoo.py --out $OUT/zoo.json          # the six headline models, within --budget-s (400 s)
     python bench/gpu_zoo.py --models convnext_tiny,vit_b_16 --profile convnext_tiny,vit_b_16 --out $OUT/zoo.json
@@ -60,7 +60,7 @@ INDUCTOR_MODES = ("inductor", "inductor_freezing", "reduce_overhead", "reduce_ov
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
                   "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
                   "inductor_freezing_cpp_wrapper", "fxopt_no_replay", "fxopt_autotune_gemm",
-                  "fxopt_cudnn_sdpa")
+                  "fxopt_sdpa_cudnn_first")
 #: variants that capture CUDA graphs themselves: the harness's own capture is not timed
 SELF_GRAPHED = ("reduce_overhead", "reduce_overhead_freezing")
 
@@ -226,7 +226,7 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
             return compiled, lambda: torch._inductor.config.patch(freezing=True)
         if variant == "fxopt_global_freezing_unfixed":
             return compiled, _global_freezing_unfixed
-        if variant == "fxopt_cudnn_sdpa":  # probe: cuDNN's attention first where it applies
+        if variant == "fxopt_sdpa_cudnn_first":  # probe: cuDNN's attention first where it applies
             return compiled, _cudnn_attention_first
         return compiled, contextlib.nullcontext
     raise ValueError(variant)
@@ -573,7 +573,7 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
 def profile_model(row: dict[str, Any], compiled: dict[str, tuple[Callable, Callable]], inputs: tuple,
                   args: argparse.Namespace) -> None:
     """Kernels of fxopt and of the fastest Inductor mode (plain launches) side by side:
-    into ``row["profile"]`` and ``profile_<model>_<layout>.{txt,json}`` in ``args.profile_dir``."""
+    into ``row["profile"]`` and ``profile_<model>[_<layout>].{txt,json}`` in ``args.profile_dir``."""
     timed = sorted((row[v]["ms"], v) for v in INDUCTOR_MODES if v in compiled and "ms" in row.get(v, {}))
     chosen = [v for v in ("fxopt",) if v in compiled] + [v for _, v in timed[:1]]
     profiles: dict[str, dict[str, Any]] = {}
@@ -585,7 +585,8 @@ def profile_model(row: dict[str, Any], compiled: dict[str, tuple[Callable, Calla
         except Exception as exc:
             row.setdefault("profile_errors", {})[variant] = _error(exc)
     row["profile"] = profiles
-    stem = os.path.join(args.profile_dir, f"profile_{row['model']}_{row['layout']}")
+    layout = "" if row["layout"] == "-" else f"_{row['layout']}"
+    stem = os.path.join(args.profile_dir, f"profile_{row['model']}{layout}")
     text = profile_text(row["model"], profiles)
     print(text, flush=True)
     with open(stem + ".txt", "w") as f:
@@ -733,7 +734,7 @@ def main() -> None:
                         help="also time every variant with torch.backends.cudnn.benchmark on")
     parser.add_argument("--profile", default="", help="comma-separated models whose kernels are profiled "
                         "(fxopt and the best Inductor mode), or 'all'")
-    parser.add_argument("--profile-dir", default=None, help="where profile_<model>_<layout>.{txt,json} go "
+    parser.add_argument("--profile-dir", default=None, help="where profile_<model>[_<layout>].{txt,json} go "
                         "(default: the folder of --out)")
     parser.add_argument("--cold-cache", action="store_true",
                         help="an Inductor cache of its own per variant: compile_s is a cold compile (slower; "
