@@ -92,3 +92,55 @@ def test_the_freezing_option_alone_is_reported_unfrozen(zoo):
 ])
 def test_kernel_kinds(zoo, name, kind):
     assert zoo.kernel_kind(name) == kind
+
+
+def test_ratio_is_against_the_fastest_mode_and_flags_a_missing_one(zoo):
+    """fxopt's ratio divides the fastest Inductor mode's time by fxopt's; with a mode that
+    failed, the row says which were timed and the table calls the ratio an upper bound."""
+    row = {"model": "m", "layout": "-", "fxopt": {"ms": 1.6, "ms_samples": [1.6]},
+           "inductor": {"ms": 3.0, "ms_samples": [3.0]}, "inductor_freezing": {"ms": 2.4, "ms_samples": [2.4]},
+           "reduce_overhead": {"ms": 2.0, "ms_samples": [2.0]},
+           "reduce_overhead_freezing": {"error": "RuntimeError: capture failed"}}
+    zoo.summarize(row)
+    assert row["speedup_vs_best_inductor"] == pytest.approx(2.0 / 1.6)
+    assert row["best_inductor_ms"] == "reduce_overhead"
+    assert row["modes_timed"] == ["inductor", "inductor_freezing", "reduce_overhead"]
+    assert "UPPER BOUND" in zoo.table([row])
+    row["reduce_overhead_freezing"] = {"ms": 1.8, "ms_samples": [1.8]}
+    zoo.summarize(row)
+    assert row["speedup_vs_best_inductor"] == pytest.approx(1.8 / 1.6)
+    assert "UPPER BOUND" not in zoo.table([row])
+
+
+@pytest.fixture
+def serving_seq(zoo, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gpu_zoo", zoo)  # its `from gpu_zoo import ...`
+    spec = importlib.util.spec_from_file_location("serving_seq", ZOO.with_name("serving_seq.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sequence_serving_ratio_per_length_names_the_modes_it_beat(serving_seq):
+    row = {"fxopt": {"ms_128": 0.5, "ms_384": 1.2},
+           "reduce_overhead_freezing": {"ms_128": 0.55, "ms_384": 1.1},
+           "inductor": {"ms_128": 0.9, "ms_384": 1.5},
+           "inductor_freezing": {"error": "skipped: budget"}}
+    serving_seq.summarize(row, [128, 384])
+    assert row["speedup_128"] == pytest.approx(0.55 / 0.5)
+    assert row["speedup_384"] == pytest.approx(1.1 / 1.2)
+    assert row["best_inductor_384"] == "reduce_overhead_freezing"
+    assert row["modes_measured_128"] == ["inductor", "reduce_overhead_freezing"]
+
+
+def test_sequence_encoder_without_transformers_has_berts_layout(serving_seq):
+    """The fallback encoder (no ``transformers``): one hidden state per token, each layer's
+    output layer-normed (post-norm, as BERT), any sequence length up to its positions."""
+    torch.manual_seed(0)
+    encoder = serving_seq.Encoder(**serving_seq.TINY).eval()
+    for length in (5, 17):
+        ids = torch.randint(0, serving_seq.TINY["vocab"], (2, length))
+        with torch.no_grad():
+            out = encoder(ids)
+        assert out.shape == (2, length, serving_seq.TINY["d"])
+        torch.testing.assert_close(out.mean(-1), torch.zeros(2, length), atol=1e-5, rtol=0)
