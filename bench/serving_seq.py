@@ -201,7 +201,9 @@ def table(rows: list[dict[str, Any]], lengths: list[int]) -> str:
                if len(r[f"modes_measured_{n}"]) < len(INDUCTOR_MODES) else "") + ")"
             for n in lengths if f"speedup_{n}" in r))
         for variant in VARIANTS:
-            v = r.get(variant, {})
+            v = r.get(variant)
+            if not v:  # not in --variants
+                continue
             if "error" in v:
                 lines.append(f"  {variant:26s} ERROR {v['error'][:200]}")
                 continue
