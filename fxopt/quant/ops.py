@@ -82,20 +82,19 @@ def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
       candidates (``fxopt.quant.int8_configs``), picked per M bucket where it measured
       faster. The row count's bucket guards a graph compiled for dynamic M.
     """
+    if w.stride(-1) != 1:
+        return f"weight strides {tuple(w.stride())}: the kernels read K with unit stride"
+    k = x.shape[-1]
+    if group_size is not None:
+        if scales is not None and scales.stride(-1) != 1:
+            return f"scale strides {tuple(scales.stride())}: the kernels read groups with unit stride"
+        if group_size < 32 or group_size & (group_size - 1) or k % group_size:
+            return f"group size {group_size} with K = {k}: the kernels take powers of two >= 32 dividing K"
     if x.device.type != "cuda":
         return f"{x.device.type} tensors (the Triton kernels run on CUDA)"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    if w.stride(-1) != 1:
-        return f"weight strides {tuple(w.stride())}: the kernels read K with unit stride"
-    if group_size is None:
-        return None
-    if scales is not None and scales.stride(-1) != 1:
-        return f"scale strides {tuple(scales.stride())}: the kernels read groups with unit stride"
-    k = x.shape[-1]
-    if group_size < 32 or group_size & (group_size - 1) or k % group_size:
-        return f"group size {group_size} with K = {k}: the kernels take powers of two >= 32 dividing K"
-    if int8_configs.m_bucket(x.numel() // max(k, 1)) == int8_configs.LARGE_M:
+    if group_size is not None and int8_configs.m_bucket(x.numel() // max(k, 1)) == int8_configs.LARGE_M:
         return f"above {int8_configs.M_BUCKETS[-1]} rows the int4 op dequantizes and calls cuBLAS"
     return None
 

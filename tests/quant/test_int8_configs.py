@@ -233,9 +233,59 @@ def test_heuristic_fills_the_gpu_before_growing_the_m_tile():
     kind, config = heuristic(key, candidates(256))
     programs = -(-4096 // config.block_n) * -(-256 // config.block_m)
     assert kind == "gemm" and programs >= int8_configs.MIN_PROGRAMS
-    taller = [c for _, c in candidates(256) if c.block_m > config.block_m]
+    taller = [c for kd, c in candidates(256)
+              if kd == "gemm" and c.swap_ab == config.swap_ab and c.block_m > config.block_m]
     assert taller and all(-(-4096 // c.block_n) * -(-256 // c.block_m) < int8_configs.MIN_PROGRAMS
                           for c in taller)
+
+
+LARGE = (int8_configs.LARGE_M, 4096, 11008, torch.bfloat16, False, None, False)
+
+
+@pytest.mark.parametrize("bucket,swap_ab", [(64, 1), (256, 1), (int8_configs.LARGE_M, 0)])
+def test_heuristic_orientation_by_bucket(bucket, swap_ab):
+    """Up to SWAP_AB_MAX_M rows the swap-AB GEMM (small M is the tile's narrow side), above
+    it the normal orientation; the reference only where a table or the tuner picks it."""
+    for gated in (False, True):
+        key = (bucket, 2 * 4096 if gated else 4096) + LARGE[2:6] + (gated,)
+        kind, config = heuristic(key, candidates(bucket, gated=gated))
+        assert kind == "gemm" and config.swap_ab == swap_ab
+
+
+def test_large_m_candidates_keep_their_accumulators_in_registers():
+    """Gated tiles hold two accumulators: the normal-orientation tiles that would spill are
+    not candidates (swap-AB tiles keep the set that earlier tuning runs chose from)."""
+    for gated, tiles in ((False, 1), (True, 2)):
+        normal = [c for kd, c in candidates(int8_configs.LARGE_M, gated=gated) if kd == "gemm" and not c.swap_ab]
+        assert normal and all(tiles * c.block_m * c.block_n <= 128 * 32 * c.num_warps for c in normal)
+    plain = {(c.block_m, c.block_n) for kd, c in candidates(int8_configs.LARGE_M) if kd == "gemm" and not c.swap_ab}
+    gated = {(c.block_m, c.block_n) for kd, c in candidates(int8_configs.LARGE_M, gated=True)
+             if kd == "gemm" and not c.swap_ab}
+    assert (128, 256) in plain and (128, 256) not in gated
+
+
+def test_reference_is_a_candidate_above_16_rows_and_loads_from_a_table(monkeypatch):
+    reference = (int8_configs.REFERENCE, None)
+    assert reference in candidates(64) and reference in candidates(int8_configs.LARGE_M)
+    assert reference not in candidates(16) and reference not in candidates(int8_configs.LARGE_M, "gemm")
+    assert candidates(1, int8_configs.REFERENCE) == [reference]  # forced, at any M
+    found = candidates(int8_configs.LARGE_M)
+    use_table(monkeypatch, {tuning_cache.entry_key("sm90", LARGE): ["reference", {}]})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == reference
+    # with fields, or where it is no candidate (M <= 16), the entry is ignored
+    use_table(monkeypatch, {tuning_cache.entry_key("sm90", LARGE): ["reference", {"block_n": 64}],
+                            tuning_cache.entry_key("sm90", KEY): ["reference", {}]})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == heuristic(LARGE, found)
+    assert choose(KEY, FOUND, MACHINE, "sm90", no_timing) == heuristic(KEY, FOUND)
+
+
+def test_tuned_reference_is_cached_and_read_back(monkeypatch):
+    int8_configs.set_int8_tuning(True)
+    found = candidates(int8_configs.LARGE_M)
+    reference = (int8_configs.REFERENCE, None)
+    assert choose(LARGE, found, MACHINE, "sm90", lambda c, reps: 1.0 if c == reference else 2.0) == reference
+    assert tuning_cache.lookup(tuning_cache.entry_key(MACHINE, LARGE)) == ("reference", {})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == reference
 
 
 def test_shipped_table_is_package_data_and_valid():
@@ -301,3 +351,25 @@ def test_converter_rejects_a_file_that_is_not_a_tuning_cache(tmp_path):
     converter = load_converter()
     with pytest.raises(ValueError, match="not a tuning cache key"):
         converter.table_entries({"sm90|1|2|3": ["gemv", {}]}, "sm90")
+
+
+def test_shapes_the_kernels_cannot_take_route_to_the_reference_with_the_reason():
+    """The route is decided before any kernel: a weight strided along K, int4 groups the
+    kernels cannot read; each says why, and the op's result is the reference's."""
+    from fxopt.quant.formats import pack_int4
+    from fxopt.quant.ops import int4_weight_only_linear_reference, ops, weight_only_route
+
+    x = torch.randn(3, 64)
+    w = torch.randint(-127, 128, (64, 48), dtype=torch.int8).t()  # [48, 64], K stride 48
+    assert "weight strides (1, 48)" in weight_only_route(x, w)
+    assert "weight strides (128, 2)" in weight_only_route(x, torch.zeros(48, 128, dtype=torch.int8)[:, ::2])
+    assert weight_only_route(x, torch.zeros(48, 128, dtype=torch.int8)[:, :64]).startswith("cpu")  # row stride 128
+    assert weight_only_route(x, w.contiguous()) == "cpu tensors (the Triton kernels run on CUDA)"
+    packed, scales = pack_int4(torch.randn(16, 96), 32)
+    x96 = torch.randn(2, 96)
+    assert "group size 48 with K = 96" in weight_only_route(x96, packed, 48, scales)
+    assert "group size 64 with K = 96" in weight_only_route(x96, packed, 64, scales)
+    assert "scale strides" in weight_only_route(x96, packed, 32, scales.t().contiguous().t())
+    assert weight_only_route(x96, packed, 32, scales).startswith("cpu tensors")
+    torch.testing.assert_close(ops.int4_weight_only_linear(x96, packed, scales, 32, None),
+                               int4_weight_only_linear_reference(x96, packed, scales, 32, None))
