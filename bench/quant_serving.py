@@ -228,22 +228,31 @@ def first_call_child(route: str, serving: list[int]) -> None:
             fn(x)
             torch.cuda.synchronize()
             times[str(m)] = round(time.perf_counter() - start, 3)
-    times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
+            if m == 1:
+                times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
+            print("FIRST_CALL " + json.dumps(times), flush=True)  # so far: a killed child still reports
     times["worst_new_m_s"] = max(times[str(m)] for m in serving if m != 1)
     print("FIRST_CALL " + json.dumps(times), flush=True)
 
 
-def first_calls(routes: list[str], serving: list[int]) -> dict:
+def first_calls(routes: list[str], serving: list[int], timeout_s: float = 150) -> dict:
+    """Each route's first calls in a fresh process with empty caches (``first_call_child``)."""
     out = {}
     for route in routes:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
                    "TRITON_CACHE_DIR": os.path.join(cache, "triton"), "FXOPT_CACHE_DIR": os.path.join(cache, "fxopt")}
-            proc = subprocess.run([sys.executable, __file__, "--child", route,
-                                   "--serving", ",".join(map(str, serving))], env=env,
-                                  capture_output=True, text=True, timeout=300)
-        line = [text for text in proc.stdout.splitlines() if text.startswith("FIRST_CALL ")]
-        out[route] = json.loads(line[-1].split(" ", 1)[1]) if line else {"error": proc.stderr[-2000:]}
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", route,
+                                       "--serving", ",".join(map(str, serving))], env=env,
+                                      capture_output=True, timeout=timeout_s)
+                stdout, error = proc.stdout, proc.stderr.decode(errors="replace")[-2000:]
+            except subprocess.TimeoutExpired as exc:  # what it measured before the limit still counts
+                stdout, error = exc.stdout or b"", f"killed after {timeout_s} s"
+        line = [text for text in stdout.decode(errors="replace").splitlines() if text.startswith("FIRST_CALL ")]
+        out[route] = json.loads(line[-1].split(" ", 1)[1]) if line else {}
+        if not line or "worst_new_m_s" not in out[route]:
+            out[route]["error"] = error
         log(f"first call ({route}, cold caches): {out[route]}")
     return out
 
@@ -267,7 +276,7 @@ def main() -> None:
     began = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
-    variants = args.variants.split(",")
+    variants = [v for v in args.variants.split(",") if v]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ms": ms,
               "serving_order": serving, "variants": {}}
     import triton
