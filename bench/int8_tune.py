@@ -74,7 +74,7 @@ def operands(m: int, rows: int, k: int) -> tuple[torch.Tensor, ...]:
     return x, w, scale
 
 
-def run(candidate, x, w, scale, gated: bool, y: torch.Tensor, wbuf: torch.Tensor) -> torch.Tensor:
+def run(candidate, x, w, scale, gated: bool, y: torch.Tensor, wbuf: torch.Tensor | None) -> torch.Tensor:
     """One call of ``candidate``; the reference as Inductor compiles it (one pointwise kernel
     dequantizes into ``wbuf``, then cuBLAS)."""
     from fxopt.quant import triton_kernels
@@ -96,20 +96,20 @@ def compile_key(m: int, shape: str, candidate) -> tuple:
 
 
 def _compile(jobs: list[tuple[int, str, tuple]]) -> list[str]:
-    """Worker process: launch each job once (Triton compiles it into its on-disk cache)."""
+    """Worker process: launch each job once (Triton compiles it into its on-disk cache),
+    holding one layer's operands at a time."""
     torch.cuda.set_device(0)
-    errors, made = [], {}
-    for m, shape, candidate in jobs:
+    errors, current, made = [], None, ()
+    for m, shape, candidate in sorted(jobs, key=lambda job: (job[0], job[1])):
         rows, k, gated = SHAPES[shape]
-        if (m, shape) not in made:
+        if current != (m, shape):
+            current, made = (m, shape), ()
             x, w, scale = operands(m, rows, k)
-            n = rows // 2 if gated else rows
-            made[(m, shape)] = (x, w, scale, torch.empty(m, n, device="cuda", dtype=DTYPE),
-                                torch.empty(rows, k, device="cuda", dtype=DTYPE))
-        x, w, scale, y, wbuf = made[(m, shape)]
+            made = (x, w, scale, torch.empty(m, rows // 2 if gated else rows, device="cuda", dtype=DTYPE))
+        x, w, scale, y = made
         try:
             with set_wrap_triton_enabled(False):
-                run(candidate, x, w, scale, gated, y, wbuf)
+                run(candidate, x, w, scale, gated, y, None)
         except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is a result
             errors.append(f"{shape} M={m} {candidate}: {type(exc).__name__}: {str(exc)[:200]}")
     torch.cuda.synchronize()
