@@ -59,6 +59,7 @@ SHAPES = {"swiglu": (2 * HIDDEN, D, True), "down": (D, HIDDEN, False), "gate": (
 MS = [512, 1024, 2048, 4096, 32, 64, 128, 256, 1, 16]
 DTYPE = torch.bfloat16
 MIN_SQNR = 40.0
+DEVICE = "cuda"
 
 
 def log(*args) -> None:
@@ -67,10 +68,10 @@ def log(*args) -> None:
 
 def operands(m: int, rows: int, k: int) -> tuple[torch.Tensor, ...]:
     """Random ``(x, w int8, scale, y)`` of one layer, as the tuner in the library makes them."""
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + rows + k)
-    x = torch.randn(m, k, device="cuda", dtype=DTYPE, generator=gen)
-    w = torch.randint(-127, 128, (rows, k), device="cuda", dtype=torch.int8, generator=gen)
-    scale = torch.rand(rows, device="cuda", generator=gen) / 127 / 16
+    gen = torch.Generator(device=DEVICE).manual_seed(m * 7 + rows + k)
+    x = torch.randn(m, k, device=DEVICE, dtype=DTYPE, generator=gen)
+    w = torch.randint(-127, 128, (rows, k), device=DEVICE, dtype=torch.int8, generator=gen)
+    scale = torch.rand(rows, device=DEVICE, generator=gen) / 127 / 16
     return x, w, scale
 
 
@@ -105,7 +106,7 @@ def _compile(jobs: list[tuple[int, str, tuple]]) -> list[str]:
         if current != (m, shape):
             current, made = (m, shape), ()
             x, w, scale = operands(m, rows, k)
-            made = (x, w, scale, torch.empty(m, rows // 2 if gated else rows, device="cuda", dtype=DTYPE))
+            made = (x, w, scale, torch.empty(m, rows // 2 if gated else rows, device=DEVICE, dtype=DTYPE))
         x, w, scale, y = made
         try:
             with set_wrap_triton_enabled(False):
@@ -144,8 +145,8 @@ def tune_one(m: int, shape: str, rep: int) -> dict:
     rows, k, gated = SHAPES[shape]
     n = rows // 2 if gated else rows
     x, w, scale = operands(m, rows, k)
-    y = torch.empty(m, n, device="cuda", dtype=DTYPE)
-    wbuf = torch.empty(rows, k, device="cuda", dtype=DTYPE)
+    y = torch.empty(m, n, device=DEVICE, dtype=DTYPE)
+    wbuf = torch.empty(rows, k, device=DEVICE, dtype=DTYPE)
     wf = w.float() * scale[:, None]
     full = x.float() @ wf.t()
     ref = F.silu(full[:, :n]) * full[:, n:] if gated else full
