@@ -15,6 +15,7 @@ inputs. Weights: int8 per output channel everywhere. Activations:
 - ``per-token, gate/up only``: int8 rows into gate/up, float into down;
 - ``per-token group 128``: int8 per row and group of 128 along K (a scale per K block: the
   GEMM rescales its int32 partial sums each block, as DeepGEMM does for fp8);
+- ``per-token group 128, gate/up only``, ``per-token group 32``: the same, narrower;
 - ``per-token + smoothing``: SmoothQuant's migration (alpha 0.5) from a calibration batch,
   then per-token int8.
 
@@ -107,6 +108,8 @@ def main() -> None:
             "per-token": lambda name, t: fake_int8(t),
             "per-token, gate/up only": lambda name, t: t if name == "down" else fake_int8(t),
             "per-token group 128": lambda name, t: fake_int8(t, group=128),
+            "per-token group 128, gate/up only": lambda name, t: t if name == "down" else fake_int8(t, group=128),
+            "per-token group 32": lambda name, t: fake_int8(t, group=32),
         }
         for scheme, act in schemes.items():
             results[scheme] = round(sqnr(ref, run(model, x, act, wq)), 2)
