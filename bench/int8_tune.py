@@ -35,22 +35,16 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from int8_defaults_from_cache import TABLE, merge  # bench/ is on sys.path when run as a script
 from torch._library.triton import set_wrap_triton_enabled
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from int8_defaults_from_cache import TABLE, merge  # noqa: E402
-
-from fxopt.quant import int8_configs, tuning_cache  # noqa: E402
-from fxopt.quant.accuracy import sqnr  # noqa: E402
+from fxopt.quant import int8_configs, tuning_cache
+from fxopt.quant.accuracy import sqnr
 
 D, HIDDEN = 4096, 11008
 #: layer -> (weight rows, K, gated)
