@@ -209,6 +209,24 @@ def winners(rows: list[dict], ms: list[int], family: str) -> dict[str, list]:
     return table
 
 
+def large_m_by_shape(rows: list[dict]) -> str | None:
+    """What ``int8_configs.LARGE_M_BY_SHAPE`` should be after this run: "gemm" where fxopt's
+    fastest GEMM beat the reference at every timed M above SWAP_AB_MAX_M, else the reference."""
+    large = [row for row in rows if row["M"] > int8_configs.SWAP_AB_MAX_M]
+    if not large:
+        return None
+    ratios = []
+    for row in large:
+        timed = [c for c in row["candidates"] if "ms" in c]
+        reference = min((c["ms"] for c in timed if c["kernel"] == int8_configs.REFERENCE), default=float("inf"))
+        gemm = min((c["ms"] for c in timed if c["kernel"] == "gemm"), default=float("inf"))
+        ratios.append(reference / gemm)
+        log(f"{row['shape']:6} M={row['M']:5}: fxopt GEMM {ratios[-1]:.3f}x the reference's speed")
+    choice = "gemm" if min(ratios) >= 1 else int8_configs.REFERENCE
+    log(f"int8_configs.LARGE_M_BY_SHAPE should be {choice!r}")
+    return choice
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -241,6 +259,7 @@ def main() -> None:
             timed_ms.append(m)
             torch.cuda.empty_cache()
     entries = winners(result["rows"], ms, family)
+    result["large_m_by_shape"] = large_m_by_shape(result["rows"])
     result["winners"] = entries
     result["total_s"] = round(time.perf_counter() - start, 1)
     out = Path(args.out)

@@ -99,6 +99,10 @@ _GEMM_NORMAL = [(128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3)
                 (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
 #: the largest M bucket whose choice by shape is the swap-AB GEMM; above it, the normal orientation
 SWAP_AB_MAX_M = 256
+#: the choice by shape above SWAP_AB_MAX_M rows, for shapes the shipped table lacks: "gemm"
+#: (fxopt's GEMM, normal orientation) or REFERENCE; bench/int8_tune.py's ratios to bf16 for
+#: the Llama MLP's layers (its JSON's "best" and "reference_vs_bf16") decide it
+LARGE_M_BY_SHAPE = "gemm"
 #: fp32 accumulator values per thread a GEMM tile may hold (its tiles x BLOCK_M x BLOCK_N over
 #: 32 x warps threads): above 128 the accumulators spill
 MAX_ACC_PER_THREAD = 128
@@ -260,8 +264,9 @@ def heuristic(key: tuple, found: list[Candidate]) -> Candidate:
     bucket, rows, k, _dtype, _bias, _kind, gated = key
     n = rows // 2 if gated else rows
     kinds = {kind for kind, _ in found}
-    if kinds == {REFERENCE}:
-        return found[0]
+    if kinds == {REFERENCE} or (LARGE_M_BY_SHAPE == REFERENCE and bucket > SWAP_AB_MAX_M
+                                and (REFERENCE, None) in found):
+        return REFERENCE, None
     kind = "gemv" if "gemv" in kinds and (bucket == 1 or "gemm" not in kinds) else "gemm"
     mine = [config for kd, config in found if kd == kind]
     if kind == "gemm":

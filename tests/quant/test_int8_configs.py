@@ -252,6 +252,14 @@ def test_heuristic_orientation_by_bucket(bucket, swap_ab):
         assert kind == "gemm" and config.swap_ab == swap_ab
 
 
+def test_choice_by_shape_above_256_rows_follows_its_switch(monkeypatch):
+    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", int8_configs.REFERENCE)
+    assert heuristic(LARGE, candidates(int8_configs.LARGE_M)) == (int8_configs.REFERENCE, None)
+    assert heuristic(LARGE, candidates(int8_configs.LARGE_M, "gemm"))[0] == "gemm"  # a forced kernel
+    key256 = (256,) + LARGE[1:]
+    assert heuristic(key256, candidates(256))[0] == "gemm"  # up to 256 rows: swap-AB
+
+
 def test_large_m_candidates_keep_their_accumulators_in_registers():
     """Gated tiles hold two accumulators: the normal-orientation tiles that would spill are
     not candidates (swap-AB tiles keep the set that earlier tuning runs chose from)."""
