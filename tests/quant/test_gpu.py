@@ -105,16 +105,25 @@ def test_every_large_m_candidate_on_the_gpu(gated):
         assert sqnr(expected, fn(x, w, s, bias, kernel=kernel, config=config)) > 35, (kernel, config)
 
 
-def test_above_256_rows_the_op_runs_fxopts_gemm():
+@pytest.mark.parametrize("by_shape", ["gemm", "reference"])
+def test_above_256_rows_the_choice_by_shape_reaches_inductors_code(by_shape, monkeypatch):
     """M > 256 on a shape without a table entry: fxopt's mixed-input GEMM compiled into
-    Inductor's code, no weight-sized dequantization."""
-    w, s, wf = _int8(96, 512)
+    Inductor's code (no weight-sized dequantization, no cuBLAS), or with the switch set to
+    the reference, one pointwise dequantization and cuBLAS; the same numbers either way."""
+    from fxopt.quant import int8_configs, triton_kernels
+
+    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", by_shape)
+    monkeypatch.setattr(triton_kernels, "_TUNED", {})
+    w, s, wf = _int8(80, 512)
     compiled = torch.compile(lambda x: ops.int8_weight_only_linear(x, w, s, None), fullgraph=True)
     x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         out, codes = run_and_get_code(compiled, x)
     code = "\n".join(codes)
-    assert "_gemm" in code and "extern_kernels.mm" not in code
+    if by_shape == "gemm":
+        assert "_gemm" in code and "extern_kernels.mm" not in code
+    else:
+        assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
     assert sqnr(x.float() @ wf.t(), out) > 35
 
 
