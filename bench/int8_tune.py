@@ -211,8 +211,8 @@ def winners(rows: list[dict], ms: list[int], family: str) -> dict[str, list]:
 
 def large_m_by_shape(rows: list[dict]) -> str | None:
     """What ``int8_configs.LARGE_M_BY_SHAPE`` should be after this run: "gemm" where fxopt's
-    fastest GEMM beat the reference at every timed M above SWAP_AB_MAX_M, else the reference."""
-    large = [row for row in rows if row["M"] > int8_configs.SWAP_AB_MAX_M]
+    fastest GEMM beat the reference at every timed M above 256 rows, else the reference."""
+    large = [row for row in rows if row["M"] > int8_configs.M_BUCKETS[-1]]
     if not large:
         return None
     ratios = []

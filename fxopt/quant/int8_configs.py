@@ -94,17 +94,20 @@ _GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4),
                  (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
                  (128, 128, 128, 8, 3), (128, 256, 64, 8, 4), (64, 256, 64, 4, 4), (256, 64, 64, 8, 3)]
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the GEMM in its normal orientation (swap_ab=0):
-#: the tiles of a bf16 GEMM on Hopper, 128-256 rows by 128-256 channels
+#: the tiles of a bf16 GEMM on Hopper, 128-256 rows by 128-256 channels. Candidates for the
+#: tuner only, never the choice by shape: compiled for sm90 by Triton 3.6, the normal
+#: orientation writes the converted weight tile to shared memory each iteration and waits
+#: for each wgmma (``wgmma.wait_group 0`` in the loop), where swap-AB feeds it from registers
+#: and keeps 3-15 wgmma groups in flight (every tile here, ptxas on the PTX; no GPU needed)
 _GEMM_NORMAL = [(128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
                 (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
-#: the largest M bucket whose choice by shape is the swap-AB GEMM; above it, the normal orientation
-SWAP_AB_MAX_M = 256
-#: the choice by shape above SWAP_AB_MAX_M rows, for shapes the shipped table lacks: "gemm"
-#: (fxopt's GEMM, normal orientation) or REFERENCE; bench/int8_tune.py's ratios to bf16 for
-#: the Llama MLP's layers (its JSON's "best" and "reference_vs_bf16") decide it
+#: the choice by shape above 256 rows (:data:`M_BUCKETS`), for shapes the shipped table lacks:
+#: "gemm" (fxopt's swap-AB GEMM) or :data:`REFERENCE`; bench/int8_tune.py's run on the Llama
+#: MLP's layers prints which ("LARGE_M_BY_SHAPE should be ...")
 LARGE_M_BY_SHAPE = "gemm"
 #: fp32 accumulator values per thread a GEMM tile may hold (its tiles x BLOCK_M x BLOCK_N over
-#: 32 x warps threads): above 128 the accumulators spill
+#: 32 x warps threads): above 128 the accumulators spill (ptxas for sm90: every gated tile over
+#: it spilled 1.1-2.3 KB per thread, none at or under it)
 MAX_ACC_PER_THREAD = 128
 
 _tuning: bool | None = None
@@ -127,8 +130,8 @@ def m_bucket(m: Any) -> int:
 def candidates(bucket: int, kind: str | None = None, gated: bool = False) -> list[Candidate]:
     """The (kernel, configuration) pairs tried in M bucket ``bucket``, optionally of one
     kernel only: the GEMV up to :data:`GEMV_MAX_M` rows, the GEMM (swap-AB; above 16 rows also
-    in its normal orientation, tiles whose accumulators fit :data:`MAX_ACC_PER_THREAD`) and,
-    above 16 rows, the :data:`REFERENCE`.
+    in its normal orientation; there, tiles whose accumulators fit :data:`MAX_ACC_PER_THREAD`)
+    and, above 16 rows, the :data:`REFERENCE`.
 
     ``gated`` (the SwiGLU form, two weight tiles per program) takes no K split.
     """
@@ -144,10 +147,9 @@ def candidates(bucket: int, kind: str | None = None, gated: bool = False) -> lis
             found += [("gemm", Config(bn, bk, w, st, split, 16, cvt)) for split in splits for cvt in (1, 0)
                       for bn, bk, w, st in _GEMM_SMALL_M]
         else:
-            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt)) for cvt in (1, 0)
-                      for bn, bm, bk, w, st in _GEMM_LARGE_M]
-            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt, swap_ab=0)) for cvt in (1, 0)
-                      for bm, bn, bk, w, st in _GEMM_NORMAL
+            by_orientation = [(1, _GEMM_LARGE_M), (0, [(bn, bm, bk, w, st) for bm, bn, bk, w, st in _GEMM_NORMAL])]
+            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt, swap_ab)) for swap_ab, shapes in by_orientation
+                      for cvt in (1, 0) for bn, bm, bk, w, st in shapes
                       if tiles * bm * bn <= MAX_ACC_PER_THREAD * 32 * w]
     if kind == REFERENCE or (kind is None and bucket > 16):
         found.append((REFERENCE, None))
@@ -251,10 +253,9 @@ def heuristic(key: tuple, found: list[Candidate]) -> Candidate:
 
     - at M = 1 the CUDA-core GEMV (a tensor-core tile would waste >90% of its rows), at
       larger M the swap-AB GEMM, whose FMAs do not grow with M (on an H100 the GEMM won
-      every shape at M = 2, the GEMV the long-K one at M = 1); above
-      :data:`SWAP_AB_MAX_M` rows the GEMM in its normal orientation, whose converted weight
-      tile feeds the tensor cores from shared memory as a bf16 GEMM's does (unmeasured
-      there: the shipped table, written by bench/int8_tune.py, overrides it per shape);
+      every shape at M = 2, the GEMV the long-K one at M = 1), at every M swap-AB (see
+      ``_GEMM_NORMAL`` for why not the normal orientation); above 256 rows fxopt's GEMM or
+      the reference, as :data:`LARGE_M_BY_SHAPE` says;
     - enough programs to give every SM loads in flight (:data:`MIN_PROGRAMS`); among the
       tiles that make that many, the tallest M tile not taller than the M bucket (the
       weight is converted once per M tile), then the candidates' own order;
@@ -264,14 +265,12 @@ def heuristic(key: tuple, found: list[Candidate]) -> Candidate:
     bucket, rows, k, _dtype, _bias, _kind, gated = key
     n = rows // 2 if gated else rows
     kinds = {kind for kind, _ in found}
-    if kinds == {REFERENCE} or (LARGE_M_BY_SHAPE == REFERENCE and bucket > SWAP_AB_MAX_M
+    if kinds == {REFERENCE} or (LARGE_M_BY_SHAPE == REFERENCE and bucket > M_BUCKETS[-1]
                                 and (REFERENCE, None) in found):
         return REFERENCE, None
     kind = "gemv" if "gemv" in kinds and (bucket == 1 or "gemm" not in kinds) else "gemm"
     mine = [config for kd, config in found if kd == kind]
-    if kind == "gemm":
-        swap = int(bucket <= SWAP_AB_MAX_M)
-        mine = [config for config in mine if config.swap_ab == swap] or mine
+    mine = [config for config in mine if config.swap_ab] or mine
     lowest = min(config.block_m for config in mine)
     whole = [c for c in mine if c.split_k == 1 and c.block_m <= max(bucket, lowest)]
 

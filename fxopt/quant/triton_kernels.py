@@ -12,13 +12,16 @@ Two int8 kernels; :func:`tuned_config` picks one and its configuration per shape
   >90% of its rows at M = 1).
 - ``_gemm``: for any M, in two orientations (``SWAP_AB``). Swap-AB computes
   ``y.T = w @ x.T``: the converted int8 weight tile is the left operand, which Hopper's
-  wgmma may take from registers, and small M becomes the tile's narrow side, so M = 16
-  wastes nothing. The normal orientation ``y = x @ w.T`` is for large M, where a GEMM is
-  bound by the tensor cores: bf16-GEMM-sized tiles (128-256 x 128-256), the activation
-  tile the left operand as in a bf16 GEMM, the converted weight tile the right, the output
-  stored row by row. (Swap-AB at large M ran at 250-380 TFLOP/s on an H100 against cuBLAS
-  bf16's 600-700, bench/RESULTS.md.) Above 16 rows the weight-only reference (dequantize,
-  then cuBLAS) is a candidate too (:func:`launch`), so a shape where cuBLAS wins keeps it.
+  wgmma takes from registers, and small M becomes the tile's narrow side, so M = 16
+  wastes nothing. Triton 3.6 keeps several of those wgmma in flight while the next tile
+  converts. The normal orientation ``y = x @ w.T`` (the activation the left operand, as in
+  a bf16 GEMM, the output stored row by row) must write the converted tile to shared
+  memory, and Triton then waits for each wgmma before the next conversion (compiled for
+  sm90: ``wgmma.wait_group 0`` in the loop): it is a candidate for the tuner above 16 rows,
+  never the choice by shape. (Swap-AB at large M ran at 250-380 TFLOP/s on an H100 against
+  cuBLAS bf16's 600-700, bench/RESULTS.md.) Above 16 rows the weight-only reference
+  (dequantize, then cuBLAS) is a candidate too (:func:`launch`), so a shape where cuBLAS
+  wins keeps it.
 
 Both may split K over SPLIT_K programs (fp32 partial sums, then ``_splitk_reduce``
 applies the scale and bias): a layer with few output channels and a long K (Llama's

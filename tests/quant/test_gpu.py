@@ -64,7 +64,7 @@ EVERY_M = (1, 2, 3, 16, 17, 32, 64, 100, 128, 256, 257, 512, 1024, 2048, 4096)
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_int8_numerics_at_every_m_bucket_by_default(gated):
-    """The default route at every M (decode GEMV, swap-AB GEMM, normal GEMM above 256 rows or
+    """The default route at every M (decode GEMV, swap-AB GEMM, above 256 rows the GEMM or
     whatever the shipped table picks) against float32 math: >= 35 dB against the dequantized
     weight (the kernels are exact up to bf16 rounding), >= 26 dB against the unquantized
     Gaussian weight (the issue's accuracy floor)."""

@@ -242,14 +242,16 @@ def test_heuristic_fills_the_gpu_before_growing_the_m_tile():
 LARGE = (int8_configs.LARGE_M, 4096, 11008, torch.bfloat16, False, None, False)
 
 
-@pytest.mark.parametrize("bucket,swap_ab", [(64, 1), (256, 1), (int8_configs.LARGE_M, 0)])
-def test_heuristic_orientation_by_bucket(bucket, swap_ab):
-    """Up to SWAP_AB_MAX_M rows the swap-AB GEMM (small M is the tile's narrow side), above
-    it the normal orientation; the reference only where a table or the tuner picks it."""
+@pytest.mark.parametrize("bucket", [16, 64, 256, int8_configs.LARGE_M])
+def test_heuristic_picks_swap_ab_at_every_m(bucket):
+    """The normal orientation is a candidate for the tuner above 16 rows, never the choice by
+    shape (Triton waits for each of its wgmma: int8_configs._GEMM_NORMAL)."""
     for gated in (False, True):
         key = (bucket, 2 * 4096 if gated else 4096) + LARGE[2:6] + (gated,)
-        kind, config = heuristic(key, candidates(bucket, gated=gated))
-        assert kind == "gemm" and config.swap_ab == swap_ab
+        found = candidates(bucket, gated=gated)
+        kind, config = heuristic(key, found)
+        assert kind == "gemm" and config.swap_ab == 1
+        assert bucket == 16 or any(kd == "gemm" and not c.swap_ab for kd, c in found)
 
 
 def test_choice_by_shape_above_256_rows_follows_its_switch(monkeypatch):
@@ -257,19 +259,21 @@ def test_choice_by_shape_above_256_rows_follows_its_switch(monkeypatch):
     assert heuristic(LARGE, candidates(int8_configs.LARGE_M)) == (int8_configs.REFERENCE, None)
     assert heuristic(LARGE, candidates(int8_configs.LARGE_M, "gemm"))[0] == "gemm"  # a forced kernel
     key256 = (256,) + LARGE[1:]
-    assert heuristic(key256, candidates(256))[0] == "gemm"  # up to 256 rows: swap-AB
+    assert heuristic(key256, candidates(256))[0] == "gemm"  # up to 256 rows: fxopt's GEMM
 
 
 def test_large_m_candidates_keep_their_accumulators_in_registers():
-    """Gated tiles hold two accumulators: the normal-orientation tiles that would spill are
-    not candidates (swap-AB tiles keep the set that earlier tuning runs chose from)."""
+    """Gated tiles hold two accumulators: the tiles whose accumulators would spill (ptxas
+    for sm90: 1.1-2.3 KB per thread) are not candidates, in either orientation."""
     for gated, tiles in ((False, 1), (True, 2)):
-        normal = [c for kd, c in candidates(int8_configs.LARGE_M, gated=gated) if kd == "gemm" and not c.swap_ab]
-        assert normal and all(tiles * c.block_m * c.block_n <= 128 * 32 * c.num_warps for c in normal)
-    plain = {(c.block_m, c.block_n) for kd, c in candidates(int8_configs.LARGE_M) if kd == "gemm" and not c.swap_ab}
-    gated = {(c.block_m, c.block_n) for kd, c in candidates(int8_configs.LARGE_M, gated=True)
-             if kd == "gemm" and not c.swap_ab}
-    assert (128, 256) in plain and (128, 256) not in gated
+        large = [c for kd, c in candidates(int8_configs.LARGE_M, gated=gated) if kd == "gemm"]
+        assert {c.swap_ab for c in large} == {0, 1}
+        assert all(tiles * c.block_m * c.block_n <= 128 * 32 * c.num_warps for c in large)
+    plain = {(c.block_m, c.block_n, c.swap_ab) for kd, c in candidates(int8_configs.LARGE_M) if kd == "gemm"}
+    gated = {(c.block_m, c.block_n, c.swap_ab) for kd, c in candidates(int8_configs.LARGE_M, gated=True)
+             if kd == "gemm"}
+    assert (128, 256, 0) in plain and (256, 128, 1) in plain
+    assert (128, 256, 0) not in gated and (256, 128, 1) not in gated and (128, 128, 1) in gated
 
 
 def test_reference_is_a_candidate_above_16_rows_and_loads_from_a_table(monkeypatch):
