@@ -103,8 +103,9 @@ _GEMM_NORMAL = [(128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3)
                 (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
 #: the choice by shape above 256 rows (:data:`M_BUCKETS`), for shapes the shipped table lacks:
 #: "gemm" (fxopt's swap-AB GEMM) or :data:`REFERENCE`; bench/int8_tune.py's run on the Llama
-#: MLP's layers prints which ("LARGE_M_BY_SHAPE should be ...")
-LARGE_M_BY_SHAPE = "gemm"
+#: MLP's layers prints which ("LARGE_M_BY_SHAPE should be ..."). The reference until that
+#: run says otherwise: it is the route the last H100 measurement timed above 256 rows
+LARGE_M_BY_SHAPE = REFERENCE
 #: fp32 accumulator values per thread a GEMM tile may hold (its tiles x BLOCK_M x BLOCK_N over
 #: 32 x warps threads): above 128 the accumulators spill (ptxas for sm90: every gated tile over
 #: it spilled 1.1-2.3 KB per thread, none at or under it)
