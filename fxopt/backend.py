@@ -455,21 +455,22 @@ def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Ca
 
 def _work_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm``'s graph over the same module (so the same tensors), with Dynamo's
-    example values as ``meta['val']``; ``gm`` itself stays untouched for a fallback."""
+    example values as ``meta['val']``; ``gm`` itself stays untouched for a fallback.
+
+    The module is a shallow copy of Dynamo's, with tables of its own (so a pass that
+    registers a tensor leaves ``gm`` as it was): AOTAutograd reads more of a Dynamo graph
+    module than its graph. A new ``GraphModule`` around the copied graph, given only
+    ``_param_name_to_source``, made AOTAutograd count saved weights as buffers it may donate
+    to the backward, and ``retain_graph=True`` failed where plain ``torch.compile`` runs."""
     graph = copy.deepcopy(gm.graph)
-    work = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    work.meta = dict(gm.meta)
+    work = type(gm).__new__(type(gm))
+    work.__dict__.update(gm.__dict__)
+    for table in ("_parameters", "_buffers", "_modules", "meta"):
+        setattr(work, table, dict(getattr(gm, table)))
+    work.graph = graph
     for old, new in zip(gm.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
-    # What AOTAutograd reads of a Dynamo graph module: without _param_name_to_source,
-    # parameter and buffer inputs are not static inputs, so CUDA-graph trees would copy every
-    # weight into the graph on every replay (and skip graphs that update BatchNorm stats);
-    # with it but without the other two, AOTAutograd counted saved weights as buffers it may
-    # donate to the backward, and retain_graph=True failed where plain torch.compile runs
-    for attr in ("_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason"):
-        if hasattr(gm, attr):
-            setattr(work, attr, getattr(gm, attr))
     for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]
