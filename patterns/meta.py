@@ -128,6 +128,9 @@ def _modes(values: Iterable[Any]) -> list[FakeTensorMode]:
 #: graph -> the fake mode its real tensors are converted in (one per graph, so one real
 #: tensor is one fake tensor across rewrites)
 _FRESH_MODES: weakref.WeakKeyDictionary[fx.Graph, FakeTensorMode] = weakref.WeakKeyDictionary()
+#: serializes evaluation (a mode's settings are changed while it runs) and the fill of
+#: ``_FRESH_MODES``
+_LOCK = threading.RLock()
 
 
 def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
@@ -138,9 +141,10 @@ def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
         return None
     if modes:
         return modes[0] if type(modes[0]) is FakeTensorMode else None
-    mode = _FRESH_MODES.get(graph)
-    if mode is None:
-        mode = _FRESH_MODES[graph] = FakeTensorMode(allow_fallback_kernels=False)
+    with _LOCK:  # one fresh mode per graph, also when two threads ask at once
+        mode = _FRESH_MODES.get(graph)
+        if mode is None:
+            mode = _FRESH_MODES[graph] = FakeTensorMode(allow_fallback_kernels=False)
     return mode
 
 
@@ -225,9 +229,6 @@ class _TorchCodeOnly(TorchDispatchMode):
         if not self.owned(func):
             raise _Unsafe(f"{func} would run code torch does not own")
         return func(*args, **(kwargs or {}))
-
-
-_LOCK = threading.RLock()
 
 
 @contextmanager

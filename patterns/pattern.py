@@ -247,14 +247,18 @@ def per_match(callback: Callable[[Any], PatternSource], pattern: CompiledPattern
     """A replacement chosen per match: ``callback(match)`` returns a function, module or
     graph, compiled (and checked against the pattern) like a fixed replacement. The last
     one compiled is reused while the callback keeps returning it, so a callback that picks
-    among a few replacements traces each at most once in a row."""
-    last: list[Any] = [None, None]
+    among a few replacements traces each at most once in a row. The (source, compiled) pair
+    is read and replaced as one object: a rule applied in several threads at once never
+    returns another thread's replacement."""
+    last: list[tuple[Any, CompiledReplacement | None]] = [(None, None)]
 
     def replacement_for(m: Any) -> CompiledReplacement:
         source = callback(m)
-        if last[0] is not source:
-            last[:] = [source, compile_replacement(source, pattern, positional=positional)]
-        return last[1]
+        cached, compiled = last[0]
+        if cached is not source or compiled is None:
+            compiled = compile_replacement(source, pattern, positional=positional)
+            last[0] = (source, compiled)
+        return compiled
 
     return replacement_for
 

@@ -13,8 +13,10 @@ every thread is collected and reported. ``FXOPT_THREAD_ROUNDS`` sets the rounds 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,7 @@ from fxopt.visualize import diff_graphs, diff_to_dot, to_dot
 
 import fxopt
 import fxopt.quant as fq
-from fxopt.errors import FxoptError, InputError, UnknownPassError, PatternError
+from fxopt.errors import FxoptError, InputError, PatternError, UnknownPassError
 from fxopt.testing.zoo import ZOO
 
 ROUNDS = int(os.environ.get("FXOPT_THREAD_ROUNDS", "2"))
@@ -144,21 +146,60 @@ def test_concurrent_rewrites_with_freshly_traced_patterns():
     ``replace``, ``replace_pattern`` or a ``Rule``: both matches are rewritten, the wrapped
     function stays one node, and the graph computes the eager model's function."""
     model = AddReluNet()
-    ways = ("replace", "replace_pattern", "rule")
     for round_ in range(ROUNDS):
         graphs = [fx.symbolic_trace(model) for _ in range(THREADS)]
+        in_threads([functools.partial(rewrite_and_check, gm, model, WAYS[(i + round_) % 3], 0.25 * (i + 1),
+                                      round_ * THREADS + i) for i, gm in enumerate(graphs)])
 
-        def job(gm: fx.GraphModule, i: int) -> None:
-            shift = 0.25 * (i + 1)
-            assert rewrite(gm, ways[(i + round_) % 3], shift) == 2
-            targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-            assert targets.count(shifted_relu) == 2
-            assert torch.relu not in targets and F.relu not in targets
-            g = torch.Generator().manual_seed(round_ * THREADS + i)
-            x, y = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
-            torch.testing.assert_close(gm(x, y), model(x, y), rtol=1e-6, atol=1e-6)
 
-        in_threads([lambda gm=gm, i=i: job(gm, i) for i, gm in enumerate(graphs)])
+WAYS = ("replace", "replace_pattern", "rule")
+
+
+def rewrite_and_check(gm: fx.GraphModule, model: nn.Module, how: str, shift: float, seed: int) -> None:
+    """Both matches rewritten, the wrapped function one node each, eager's function."""
+    assert rewrite(gm, how, shift) == 2
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(shifted_relu) == 2
+    assert torch.relu not in targets and F.relu not in targets
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    torch.testing.assert_close(gm(x, y), model(x, y), rtol=1e-6, atol=1e-6)
+
+
+class OffsetRelu(nn.Module):
+    def __init__(self, offset: float):
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.offset)
+
+
+def test_one_rule_with_a_replacement_callback_shared_by_threads():
+    """One Rule whose replacement is chosen per match (by the sign of the captured
+    literal) rewrites 8 graphs at once: each gets the replacement its own match chose."""
+    def pattern(x, k):
+        return torch.relu(x + k)
+
+    def positive(x, k):
+        return torch.clamp_min(x + k, 0.0)
+
+    def negative(x, k):
+        return torch.where(x + k > 0, x + k, torch.zeros_like(x))
+
+    shared = fp.rule(pattern, replacement_callback=lambda m: positive if m["k"] > 0 else negative)
+    for _ in range(ROUNDS):
+        offsets = [(-1) ** i * (0.5 + i) for i in range(THREADS)]
+        graphs = [fx.symbolic_trace(OffsetRelu(k)) for k in offsets]
+
+        def job(gm: fx.GraphModule, k: float) -> None:
+            assert fp.replace(gm, shared) == 1
+            targets = {n.target for n in gm.graph.nodes}
+            assert (torch.clamp_min in targets) == (k > 0) and (torch.where in targets) == (k < 0)
+            x = torch.randn(16, generator=torch.Generator().manual_seed(3))
+            torch.testing.assert_close(gm(x), OffsetRelu(k)(x))
+
+        in_threads([functools.partial(job, gm, k) for gm, k in zip(graphs, offsets)])
 
 
 # --- concurrent quantization ------------------------------------------------------------
@@ -182,7 +223,7 @@ def test_concurrent_quantize_model_gives_the_single_threaded_result():
     graphs = [fx.symbolic_trace(m) for m in models]
     expected = [fq.quantize_model(gm, example, modes[i % 2]) for i, gm in enumerate(graphs)]
     x = torch.randn(6, 32, generator=torch.Generator().manual_seed(7))
-    for round_ in range(ROUNDS):
+    for _ in range(ROUNDS):
         def job(i: int) -> None:
             gm, code, state = graphs[i], graphs[i].code, state_of(graphs[i])
             q = fq.quantize_model(gm, example, modes[i % 2])
@@ -337,3 +378,48 @@ def test_a_copy_of_a_graph_module_is_independent_in_threads():
 
     assert in_threads([lambda i=i: job(i) for i in range(THREADS)]) == [2] * THREADS
     assert base.code == code
+
+
+def test_concurrent_optimize_of_one_graph_whose_values_share_a_fake_mode():
+    """8 threads optimize the same GraphModule, whose recorded shapes (``meta['val']``)
+    all belong to one fake mode: each result is right and the graph is unchanged."""
+    for name in ("residual_conv_bn_relu", "transformer_block"):
+        instance, model = ZOO[name].instantiate(), ZOO[name].model()
+        code, state = instance.gm.code, state_of(instance.gm)
+        for round_ in range(ROUNDS):
+            in_threads([functools.partial(optimize_and_check, instance, model, round_ * THREADS + i)
+                        for i in range(THREADS)])
+        assert_untouched(instance.gm, code, state)
+
+
+def optimize_and_check(instance: Any, model: nn.Module, seed: int) -> None:
+    out = fxopt.optimize(instance.gm, example_inputs=instance.inputs)
+    inputs = fresh_inputs(instance.case, seed)
+    with torch.no_grad():
+        torch.testing.assert_close(out(*inputs), model(*inputs), rtol=instance.rtol, atol=instance.atol)
+
+
+def test_verification_leaves_the_global_generator_to_other_threads():
+    """Verifying a graph without random ops does not seed torch's generator: a thread
+    drawing random numbers meanwhile gets exactly the numbers its own seed gives."""
+    case = ZOO["residual_conv_bn_relu"]
+    graphs = [fx.symbolic_trace(case.model()) for _ in range(ROUNDS)]
+    stop, drawn = threading.Event(), []
+
+    def draw() -> None:
+        while not stop.is_set() or len(drawn) < 10:
+            drawn.append(torch.randn(8))
+            time.sleep(0.001)  # draws all through the verification, without hogging the GIL
+
+    torch.manual_seed(123)
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    try:
+        for gm in graphs:
+            fxopt.optimize(gm, example_inputs=case.inputs(), verify=True)
+    finally:
+        stop.set()
+        thread.join(60)
+    g = torch.Generator().manual_seed(123)
+    expected = [torch.randn(8, generator=g) for _ in drawn]
+    assert all(torch.equal(a, b) for a, b in zip(drawn, expected))
