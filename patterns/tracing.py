@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from fxopt.patterns.canon import CalledModule
-from torch.fx._symbolic_trace import _wrapped_fns_to_patch
+from torch.fx import _symbolic_trace
 
 from fxopt.errors import PatternError
 
@@ -52,6 +52,9 @@ class _Any:
 
 ANY = _Any()
 
+#: the code of torch.fx's recording wrapper, which ``symbolic_trace`` (of a user's model, in
+#: another thread) puts in place of a wrapped function in its module's globals while it runs
+_TORCH_WRAPPER_CODE = _symbolic_trace._create_wrapped_func(len).__code__
 #: the frames of a module call (``m(x)``): their ``self`` is the module being called
 _MODULE_CALL_CODES = frozenset(getattr(nn.Module, name).__code__ for name in ("_wrapped_call_impl", "_call_impl")
                                if hasattr(nn.Module, name))
@@ -223,14 +226,18 @@ def _with_leaves(fn: types.FunctionType, tracer: PatternTracer) -> types.Functio
     registered there with ``torch.fx.wrap`` record calls (so do the module's other
     functions, which see the same copy); ``fn`` itself when its module registered none."""
     namespace = fn.__globals__
-    wrapped = {name for (_, name), owner in list(_wrapped_fns_to_patch.items()) if owner is namespace}
+    registered = list(_symbolic_trace._wrapped_fns_to_patch.items())
+    wrapped = {name for (_, name), owner in registered if owner is namespace}
     if not wrapped:
         return fn
-    private = dict(namespace)
-    for name, value in namespace.items():
+    snapshot = dict(namespace)  # one atomic copy: other threads may be changing the module
+    private = dict(snapshot)
+    for name, value in snapshot.items():
         if type(value) is types.FunctionType and value.__globals__ is namespace:
             private[name] = _rebound(value, private)
     for name in wrapped:
-        original = namespace[name] if name in namespace else getattr(builtins, name)
+        original = snapshot[name] if name in snapshot else getattr(builtins, name)
+        if getattr(original, "__code__", None) is _TORCH_WRAPPER_CODE:
+            original = original.__wrapped__  # mid-way through a symbolic_trace of another thread
         private[name] = _leaf(original, tracer)
     return _rebound(fn, private)

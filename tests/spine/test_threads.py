@@ -121,6 +121,11 @@ def shifted_relu(t: torch.Tensor, shift: float) -> torch.Tensor:
     return torch.clamp_min(t + shift, shift) - shift
 
 
+#: the function itself: torch's symbolic_trace, while it runs, puts a recording wrapper in
+#: its place under its own name (in this module's globals)
+SHIFTED_RELU = shifted_relu
+
+
 def rewrite(gm: fx.GraphModule, how: str, shift: float) -> int:
     """Rewrite relu(a + b) in ``gm`` with patterns written now (fresh functions, so each
     call traces them anew), through one of the three entry points."""
@@ -158,8 +163,12 @@ WAYS = ("replace", "replace_pattern", "rule")
 def rewrite_and_check(gm: fx.GraphModule, model: nn.Module, how: str, shift: float, seed: int) -> None:
     """Both matches rewritten, the wrapped function one node each, eager's function."""
     assert rewrite(gm, how, shift) == 2
+    check_rewritten(gm, model, seed)
+
+
+def check_rewritten(gm: fx.GraphModule, model: nn.Module, seed: int) -> None:
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count(shifted_relu) == 2
+    assert targets.count(SHIFTED_RELU) == 2
     assert torch.relu not in targets and F.relu not in targets
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
@@ -423,3 +432,31 @@ def test_verification_leaves_the_global_generator_to_other_threads():
     g = torch.Generator().manual_seed(123)
     expected = [torch.randn(8, generator=g) for _ in drawn]
     assert all(torch.equal(a, b) for a, b in zip(drawn, expected))
+
+
+def test_rewrites_while_another_thread_runs_torch_symbolic_trace():
+    """torch's own symbolic_trace (of a user's model, in another thread) patches the
+    globals of every module with torch.fx.wrap'd functions while it runs: a replacement
+    traced meanwhile still records the wrapped function itself, and every rewrite is right.
+    symbolic_trace patches nn.Module too, so nothing here calls a module while it runs
+    (no module-spelled patterns; the results are run afterwards)."""
+    model = AddReluNet()
+    graphs = [fx.symbolic_trace(model) for _ in range(4 * ROUNDS)]
+    stop, traced = threading.Event(), [0]
+
+    def trace() -> None:
+        while not stop.is_set():
+            fx.symbolic_trace(model)
+            traced[0] += 1
+
+    thread = threading.Thread(target=trace, daemon=True)
+    thread.start()
+    try:
+        for i, gm in enumerate(graphs):
+            assert rewrite(gm, ("replace_pattern", "rule")[i % 2], 0.5) == 2
+    finally:
+        stop.set()
+        thread.join(60)
+    assert traced[0] > 0
+    for i, gm in enumerate(graphs):
+        check_rewritten(gm, model, i)
