@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import os
 import threading
 import time
@@ -399,6 +400,25 @@ def test_concurrent_optimize_of_one_graph_whose_values_share_a_fake_mode():
             in_threads([functools.partial(optimize_and_check, instance, model, round_ * THREADS + i)
                         for i in range(THREADS)])
         assert_untouched(instance.gm, code, state)
+
+
+def test_concurrent_optimize_without_example_inputs_runs_the_shared_fake_mode_in_turn(caplog):
+    """Without example inputs, shapes are propagated in the fake mode of the graph's own
+    values: 8 threads optimizing one graph take turns with it (a fake mode run by two
+    threads at once fails inside torch, which logs it and loses shapes), and each gets the
+    single-threaded result."""
+    for name in ("residual_conv_bn_relu", "densenet_block"):
+        instance = ZOO[name].instantiate()
+        expected = fxopt.optimize(instance.gm).code
+        with caplog.at_level(logging.ERROR, logger="torch._subclasses.fake_tensor"):
+            for _ in range(ROUNDS):
+                codes = in_threads([functools.partial(optimized_code, instance.gm)] * THREADS)
+                assert codes == [expected] * THREADS
+        assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+
+
+def optimized_code(gm: fx.GraphModule) -> str:
+    return fxopt.optimize(gm).code
 
 
 def optimize_and_check(instance: Any, model: nn.Module, seed: int) -> None:
