@@ -33,7 +33,7 @@ from fxopt.visualize import diff_graphs, diff_to_dot, to_dot
 
 import fxopt
 import fxopt.quant as fq
-from fxopt.errors import FxoptError, InputError, PatternError, UnknownPassError
+from fxopt.errors import InputError, PatternError, UnknownPassError
 from fxopt.testing.zoo import ZOO
 
 ROUNDS = int(os.environ.get("FXOPT_THREAD_ROUNDS", "2"))
@@ -44,7 +44,7 @@ OPTIMIZED = ("residual_conv_bn_relu", "mlp", "attention", "unet_block", "densene
 
 def in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
     """Run ``jobs`` at once, one thread each, released together by a barrier; their results
-    in order, or an AssertionError listing every job that raised."""
+    in order, or an AssertionError saying how many raised, with the first one's traceback."""
     barrier = threading.Barrier(len(jobs))
 
     def run(job: Callable[[], Any]) -> Any:
@@ -240,7 +240,7 @@ def test_concurrent_quantize_model_gives_the_single_threaded_result():
             assert any("fxopt_quant" in str(n.target) for n in q.graph.nodes)
             torch.testing.assert_close(q(x), expected[i](x), rtol=0, atol=0)
             reference = models[i](x)
-            assert fq.accuracy.sqnr(reference, q(x)) > 25  # int8 weights: ~40 dB here
+            assert fq.accuracy.sqnr(reference, q(x)) > 25  # int8 weights: 39 to 47 dB on these models
             assert_untouched(gm, code, state)
 
         in_threads([lambda i=i: job(i) for i in range(THREADS)])
@@ -354,7 +354,6 @@ def test_bad_input_in_a_thread_raises_its_typed_error_there_and_leaves_the_model
         for gm, code, state, bad in checks:
             if bad:
                 assert_untouched(gm, code, state)
-    assert issubclass(PatternError, FxoptError) and issubclass(InputError, FxoptError)
 
 
 def test_pattern_tracing_patches_nothing_process_wide():
