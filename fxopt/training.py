@@ -220,12 +220,17 @@ class PlainOutputs:
 
 
 class _SkipCatcher(logging.Handler):
+    """Collects the records of the thread that installed it: a compile in another thread
+    logs to the same logger meanwhile."""
+
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
+        self.thread = threading.get_ident()
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        if record.thread == self.thread:
+            self.messages.append(record.getMessage())
 
 
 @contextlib.contextmanager
