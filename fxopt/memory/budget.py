@@ -67,8 +67,9 @@ __all__ = ["BudgetDecision", "BudgetPartitioner", "activation_peak"]
 
 #: FLOPs that take as long as moving one byte (H100: ~800 TFLOP/s bf16 over ~3 TB/s)
 FLOPS_PER_BYTE = 250.0
-#: partitions tried at most per graph after the stock one
-ROUNDS = 5
+#: partitions tried at most per graph after the stock one (a refused round of several picks
+#: is tried again with its cheaper half)
+ROUNDS = 8
 
 
 @dataclass
@@ -108,7 +109,7 @@ class BudgetPartitioner(CustomPartitionerFn):
     ``max_recompute`` of the joint graph's estimated cost. ``reports`` (a list) receives one
     :class:`BudgetDecision` per graph."""
 
-    def __init__(self, budget: float, *, max_recompute: float = 0.15,
+    def __init__(self, budget: float, *, max_recompute: float = 0.3,
                  reports: list[BudgetDecision] | None = None):
         self.budget, self.max_recompute, self.reports = budget, max_recompute, reports
 
@@ -127,27 +128,31 @@ class BudgetPartitioner(CustomPartitionerFn):
         allowance = self.max_recompute * (sum(_cost(n) for n in gm.graph.nodes if n.op == "call_function") or 1.0)
         chosen: dict[str, float] = {}   # name -> estimated cost of its recomputation
         refused: set[str] = set()
+        pending: list[tuple[list[str], float]] = []
         short = None
         for _ in range(ROUNDS):
             if current.saved <= target:
                 break
-            picks = _pick(gm, current, chosen, refused, need=current.saved - target,
-                          allowance=allowance - sum(chosen.values()))
-            if not picks:
-                short = (f"no further saved activation can be recomputed within {self.max_recompute:.0%} "
-                         "of the graph's estimated time")
+            groups = pending or _pick(gm, current, chosen, refused, need=current.saved - target,
+                                      allowance=allowance - sum(chosen.values()))
+            pending = []
+            if not groups:
+                short = short or (f"no further saved activation can be recomputed within {self.max_recompute:.0%} "
+                                  "of the graph's estimated time")
                 break
+            names = [name for group, _ in groups for name in group]
             try:
-                trial = partition([*chosen, *picks])
+                trial = partition([*chosen, *names])
             except RuntimeError as exc:  # the min-cut cannot honour these tags ("failed to partition")
-                refused.update(picks)
-                short = f"the min-cut refused a round's tags ({str(exc).splitlines()[0][:120]})"
-                continue
-            if trial.saved >= current.saved:  # it saved their inputs instead: nothing freed
-                refused.update(picks)
-                continue
-            chosen.update(picks)
-            current = trial
+                trial = None
+                short = f"the min-cut refused tags ({str(exc).splitlines()[0][:120]})"
+            if trial is not None and trial.saved < current.saved:
+                chosen.update((name, cost / len(group)) for group, cost in groups for name in group)
+                current = trial
+            elif len(groups) == 1:  # it saved the inputs instead (nothing freed), or raised
+                refused.update(names)
+            else:  # try the cheaper half on its own
+                pending = groups[: len(groups) // 2]
         else:
             short = short or f"still above the budget after {ROUNDS} partitions"
         if self.reports is not None:
@@ -177,36 +182,46 @@ def _predict(fw: fx.GraphModule, bw: fx.GraphModule) -> _Partition:
     bw_live = _timeline(bw, inputs_live=True)
     peak = max([0, *fw_live, *bw_live])
     at = ("bw", bw_live.index(peak)) if peak in bw_live else ("fw", fw_live.index(peak) if peak in fw_live else 0)
-    return _Partition(fw, bw, _saved_bytes(bw), peak, at)
+    return _Partition(fw, bw, sum(size for size, _ in _saved_storages(fw, bw).values()), peak, at)
 
 
 def _pick(gm: fx.GraphModule, current: _Partition, chosen: dict[str, float], refused: set[str], *,
-          need: float, allowance: float) -> dict[str, float]:
-    """This round's picks and their estimated costs: saved activations freed at the
-    predicted peak first, then the others, cheapest per byte first, until ``need`` bytes
-    or the ``allowance`` of cost is spent."""
-    saved = _saved_names(current.bw)
+          need: float, allowance: float) -> list[tuple[list[str], float]]:
+    """This round's picks as (saved values, estimated cost of recomputing them). The unit is
+    a saved storage: the saved values that share it (views of one tensor: q, k and v of one
+    projection) free it only together. Storages freed at the predicted peak first, then the
+    others, cheapest per byte first, until ``need`` bytes or the ``allowance`` of cost is
+    spent. No pick is recomputed from another of the round: the min-cut may answer such a
+    chain by saving something else, and one round's measurement could not tell which pick
+    paid (a later round may take it, reading the first one recomputed)."""
+    groups = _saved_storages(current.fw, current.bw)
+    saved = {name for _, names in groups.values() for name in names}
     by_name = {n.name: n for n in gm.graph.nodes}
     at_peak = _freed_at_peak(current)
     available = saved | set(chosen)
     priced = []
-    for name in saved - refused:
-        node = by_name.get(name)
-        if node is None or node.op != "call_function" or not _recomputable(node):
+    for size, names in groups.values():
+        nodes = [by_name.get(name) for name in names]
+        if refused & set(names) or not size or any(
+                n is None or n.op != "call_function" or not _recomputable(n) for n in nodes):
             continue
-        size = _nbytes(node.meta.get("val"))
-        cost = _recompute_cost(node, available - {name})
-        if cost is not None and size:
-            priced.append((name not in at_peak, cost / size, name, size, cost))
-    picks: dict[str, float] = {}
+        walk = _recompute_cost(nodes, available - set(names))
+        if walk is not None:
+            priced.append((not at_peak & set(names), walk[0] / size, sorted(names), size, walk))
+    picks: list[tuple[list[str], float]] = []
+    taken: set[str] = set()
+    read: set[str] = set()
     freed = 0
-    for _, _, name, size, cost in sorted(priced):
+    for _, _, names, size, (cost, reads) in sorted(priced):
         if freed >= need:
             break
-        if cost <= allowance:
-            picks[name] = cost
-            freed += size
-            allowance -= cost
+        if cost > allowance or reads & taken or read & set(names):
+            continue
+        picks.append((names, cost))
+        taken.update(names)
+        read |= reads
+        freed += size
+        allowance -= cost
     return picks
 
 
@@ -248,9 +263,26 @@ def _nbytes(value: Any) -> int:
     return total
 
 
-def _saved_bytes(bw: fx.GraphModule) -> int:
+def _saved_storages(fw: fx.GraphModule, bw: fx.GraphModule) -> dict[Any, tuple[int, list[str]]]:
+    """The storages of the activations the backward takes from the forward, each with its
+    bytes and the saved values that share it; storages of graph inputs (a transposed
+    weight is a view of the parameter) are no activation and are left out."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storages(node: fx.Node) -> list[tuple[Any, int]]:
+        return [(StorageWeakRef(t.untyped_storage()), _nbytes(t)) for t in tree_leaves(node.meta.get("val"))
+                if isinstance(t, torch.Tensor)]
+
+    inputs = {ref for n in fw.graph.find_nodes(op="placeholder") for ref, _ in storages(n)}
     names = _saved_names(bw)
-    return sum(_nbytes(n.meta.get("val")) for n in bw.graph.find_nodes(op="placeholder") if n.name in names)
+    out: dict[Any, tuple[int, list[str]]] = {}
+    for node in bw.graph.find_nodes(op="placeholder"):
+        if node.name not in names:
+            continue
+        for ref, size in storages(node):
+            if ref not in inputs:
+                out.setdefault(ref, (size, []))[1].append(node.name)
+    return out
 
 
 def activation_peak(fw: fx.GraphModule, bw: fx.GraphModule) -> int:
@@ -298,24 +330,30 @@ def _storage_size(nodes: Sequence[fx.Node], storage: Any) -> int:
     return 0
 
 
-def _recompute_cost(node: fx.Node, available: set[str], limit: int = 64) -> float | None:
-    """The estimated cost of recomputing ``node`` in the backward (None: it cannot be).
-    Walking up its inputs through values the backward does not have (recomputed on the
-    way), every path must end at a graph input or an ``available`` value: one saved, or one
+def _recompute_cost(nodes: Sequence[fx.Node], available: set[str],
+                    limit: int = 64) -> tuple[float, set[str]] | None:
+    """The estimated cost of recomputing ``nodes`` in the backward and the ``available``
+    values that reads (None: they cannot be recomputed). Walking up their inputs through
+    values the backward does not have (recomputed on the way, once for all of ``nodes``),
+    every path must end at a graph input or an ``available`` value: one saved, or one
     tagged for recomputation (recomputed once, whoever reads it first)."""
     seen: set[fx.Node] = set()
-    cost = _cost(node)
-    todo = list(node.all_input_nodes)
+    reads: set[str] = set()
+    cost = sum(_cost(n) for n in nodes)
+    todo = [i for n in nodes for i in n.all_input_nodes if i not in nodes]
     while todo:
         current = todo.pop()
-        if current in seen or current.op in ("placeholder", "get_attr") or current.name in available:
+        if current in seen or current.op in ("placeholder", "get_attr"):
             continue
         seen.add(current)
+        if current.name in available:
+            reads.add(current.name)
+            continue
         if len(seen) > limit or not _recomputable(current) or not _min_cut_recomputes(current):
             return None
         cost += _cost(current)
         todo.extend(current.all_input_nodes)
-    return cost
+    return cost, reads
 
 
 def _recomputable(node: fx.Node) -> bool:
