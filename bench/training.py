@@ -137,7 +137,7 @@ def make_step(model: nn.Module, optimizer: Callable[..., torch.optim.Optimizer])
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), y.flatten())
+        loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -244,7 +244,10 @@ def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
                "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--out", str(path),
                *(["--smoke"] if args.smoke else [])]
     began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "error": f"no result within --timeout {args.timeout:.0f} s"}
     if done.returncode != 0 or not path.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return {"variant": variant, "error": f"exit {done.returncode}: {' | '.join(tail)}"[:600]}
@@ -264,12 +267,10 @@ def table(rows: list[dict]) -> str:
         if "step_ms" not in r:
             lines.append(f"{r['variant']:18} error: {r['error']}")
             continue
-        ratio = (lambda base: f"{base / r['step_ms']:7.2f}x" if base else "       -")
         dloss = max(abs(a - b) for a, b in zip(r["losses"], reference)) if reference else float("nan")
-        mb = (lambda key: f"{r[key]:.0f}" if key in r else "-")
-        lines.append(f"{r['variant']:18} {r['step_ms']:8.2f} {r['step_ms_median']:8.2f} {ratio(default)} {ratio(best)} "
-                     f"{mb('step_peak_allocated_MB'):>13} {mb('run_peak_allocated_MB'):>12} "
-                     f"{mb('run_peak_reserved_MB'):>11} {r['first_call_s']:8.1f} {dloss:11.2e}")
+        lines.append(f"{r['variant']:18} {r['step_ms']:8.2f} {r['step_ms_median']:8.2f} {_ratio(default, r)} "
+                     f"{_ratio(best, r)} {_mb(r, 'step_peak_allocated_MB'):>13} {_mb(r, 'run_peak_allocated_MB'):>12} "
+                     f"{_mb(r, 'run_peak_reserved_MB'):>11} {r['first_call_s']:8.1f} {dloss:11.2e}")
         for g in r["graphs"]:
             notes = [f"fallback: {g['fallback']}"] if g["fallback"] else []
             notes += [f"{d['saved_before'] / 1e6:.0f} -> {d['saved_after'] / 1e6:.0f} MB saved, "
@@ -278,6 +279,14 @@ def table(rows: list[dict]) -> str:
             if notes:
                 lines.append(f"    graph {g['name']}: {'; '.join(notes)}")
     return "\n".join(lines)
+
+
+def _ratio(base: float | None, row: dict) -> str:
+    return f"{base / row['step_ms']:7.2f}x" if base else "       -"
+
+
+def _mb(row: dict, key: str) -> str:
+    return f"{row[key]:.0f}" if key in row else "-"
 
 
 def main() -> None:

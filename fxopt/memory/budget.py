@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
@@ -143,7 +144,8 @@ class BudgetPartitioner(CustomPartitionerFn):
             names = [name for group, _ in groups for name in group]
             try:
                 trial = partition([*chosen, *names])
-            except RuntimeError as exc:  # the min-cut cannot honour these tags ("failed to partition")
+            except (RuntimeError, nx.NetworkXException) as exc:  # the min-cut cannot honour these tags
+                # (torch 2.13 raises "failed to partition"; older ones networkx's unbounded flow)
                 trial = None
                 short = f"the min-cut refused tags ({str(exc).splitlines()[0][:120]})"
             if trial is not None and trial.saved < current.saved:

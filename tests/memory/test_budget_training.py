@@ -73,6 +73,7 @@ def step(model_name, budget):
     parameters after an SGD update, the buffers (BatchNorm running statistics), the
     generator's state after the step (dropout draws), and the backend's reports."""
     build, shape, classes = MODELS[model_name]
+    torch._dynamo.reset()  # a fresh start: past Dynamo's recompile limit, frames run eagerly
     torch.manual_seed(0)
     model = build().train()
     gen = torch.Generator().manual_seed(1)
