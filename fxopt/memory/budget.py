@@ -30,7 +30,7 @@ H100's ratio of bf16 matrix rate to memory bandwidth (``FLOPS_PER_BYTE``), or by
 written where that is more, summed over the node and the unsaved values it is recomputed
 from; a pointwise or norm-apply chain thus costs its tensors' bytes, a convolution its FLOPs.
 A round whose partition saves no fewer bytes, or that the min-cut cannot honour, is undone
-and its picks are not tried again.
+and tried again with its cheaper half; a single pick refused so is not tried again.
 
 Only ops the op-facts model calls pure are recomputed: never a random draw (dropout keeps
 its mask, so the draws are those of the untouched step), a collective, a write, a stateful or
@@ -126,7 +126,8 @@ class BudgetPartitioner(CustomPartitionerFn):
 
         first = current = partition(())
         target = self.budget * first.saved
-        allowance = self.max_recompute * (sum(_cost(n) for n in gm.graph.nodes if n.op == "call_function") or 1.0)
+        total = sum(_cost(n) for n in gm.graph.nodes if n.op == "call_function") or 1.0
+        allowance = self.max_recompute * total
         chosen: dict[str, float] = {}   # name -> estimated cost of its recomputation
         refused: set[str] = set()
         pending: list[tuple[list[str], float]] = []
@@ -158,7 +159,6 @@ class BudgetPartitioner(CustomPartitionerFn):
         else:
             short = short or f"still above the budget after {ROUNDS} partitions"
         if self.reports is not None:
-            total = allowance / self.max_recompute if self.max_recompute else 1.0
             self.reports.append(BudgetDecision(
                 self.budget, first.peak, current.peak, first.saved, current.saved, list(chosen),
                 sum(chosen.values()) / total, short if current.saved > target else None))
