@@ -10,9 +10,9 @@ writes 4 bytes per 64 multiply-adds, a 3x3 one of 512 channels 1 byte per 4,608.
 
 What the budget means. ``memory_budget=b`` asks that the activations the backward takes from
 the forward (the tensors autograd saves: what ``saved_tensors_hooks`` sees, parameters and
-the batch left out) be at most ``b`` times those of the stock min-cut partition: the same
-quantity torch's ``activation_memory_budget`` is a fraction of, so the two compare at equal
-values. It is measurable without this module (tests/memory/test_budget_training.py sums the
+the batch left out) be at most ``b`` times those of the stock min-cut partition (torch's
+``activation_memory_budget`` budgets the same bytes, though its solver maps a budget to them
+differently). It is measurable without this module (tests/memory/test_budget_training.py sums the
 bytes the pack hook sees).
 
 How. :class:`BudgetPartitioner` is an Inductor custom partitioner (``custom_partitioner_fn``).
