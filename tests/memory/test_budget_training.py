@@ -210,3 +210,22 @@ def test_the_budget_lowers_the_measured_cuda_peak():
     torch.testing.assert_close(loss, plain_loss, rtol=1e-4, atol=1e-4)
     for got, want in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_the_training_bench_runs_its_smoke_workloads(tmp_path):
+    """bench/training.py in --smoke (tiny models on the CPU), eager only to stay fast: each
+    variant in a process of its own, rows with times and every step's loss, the table."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "training.py"
+    for workload in ("resnet50", "transformer"):
+        done = subprocess.run([sys.executable, str(bench), "--smoke", "--workload", workload, "--variants", "eager",
+                               "--steps", "2", "--repeats", "1", "--warmup", "1", "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        (row,) = json.loads((tmp_path / f"training_{workload}.json").read_text())["rows"]
+        assert row["variant"] == "eager" and row["step_ms"] > 0 and len(row["losses"]) == 3, row
+        assert "eager" in done.stdout.splitlines()[-1]
