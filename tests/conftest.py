@@ -112,24 +112,28 @@ def _same_fx_wrapped_globals(before: object, after: object) -> bool:
     return all(after.get(key, value) is value for key, value in before.items())
 
 
-class _ConfigOverrides:
-    """The values set on a torch config module (``torch._dynamo.config`` ...), read
-    straight from its entries: reading them through ``get_config_copy()`` costs ~0.5 ms
-    per test for Inductor's 600 options. An unset option reads as a sentinel; a list, dict
-    or set is copied, so a change made in place shows too."""
+class _ConfigValues:
+    """The values of a torch config module's options (``torch._dynamo.config`` ...), read
+    straight from its entries: ``get_config_copy()`` costs ~0.5 ms per test for Inductor's
+    600 options. Values, not overrides, are compared: torch's own ``config.patch`` sets an
+    option back to its default value as an override on exit. A list, dict or set is
+    copied, so a change made in place shows too."""
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.names = list(module._config)
         self.entries = [module._config[name] for name in self.names]
+        self.defaults = [e.env_value_default if _is_set(e.env_value_default) else e.default
+                         for e in self.entries]
         # torch >= 2.12 holds each override in a ContextVar, earlier versions in a field
         self.contextvar = isinstance(self.entries[0].user_override, ContextVar)
 
     def read(self) -> list[object]:
         if self.contextvar:
-            values = [entry.user_override.get() for entry in self.entries]
+            overrides = [entry.user_override.get() for entry in self.entries]
         else:
-            values = [entry.user_override for entry in self.entries]
+            overrides = [entry.user_override for entry in self.entries]
+        values = [v if _is_set(v) else d for v, d in zip(overrides, self.defaults)]
         return [v.copy() if isinstance(v, (list, dict, set)) else v for v in values]
 
     def changed(self, before: object, after: object) -> list[int]:
@@ -137,14 +141,10 @@ class _ConfigOverrides:
         return [i for i, (b, a) in enumerate(zip(before, after)) if not _equal(b, a)]
 
     def write(self, saved: object) -> None:
-        """Through the module's own ``setattr`` (which keeps its hash and caches right):
-        an option that was unset gets its default back as a value."""
+        """Through the module's own ``setattr``, which keeps its hash and caches right."""
         assert isinstance(saved, list)
         for i in self.changed(saved, self.read()):
-            entry = self.entries[i]
-            value = saved[i] if _is_set(saved[i]) else (
-                entry.env_value_default if _is_set(entry.env_value_default) else entry.default)
-            setattr(self.module, self.names[i], value)
+            setattr(self.module, self.names[i], saved[i])
 
     def diff(self, before: object, after: object) -> str:
         assert isinstance(before, list) and isinstance(after, list)
@@ -193,9 +193,16 @@ def _write_warning_filters(saved: object) -> None:
         mutated()
 
 
+_PYTEST_OWN = "PYTEST_CURRENT_TEST"  # pytest sets it to the phase it is in
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != _PYTEST_OWN}
+
+
 def _write_environ(saved: object) -> None:
     assert isinstance(saved, dict)
-    for name in set(os.environ) - set(saved):
+    for name in set(_environ()) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
 
@@ -266,9 +273,9 @@ def _globals() -> tuple[Global, ...]:
                         torch.backends.cudnn.deterministic),
                _write_cudnn_flags),
         Global("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
-        *(_ConfigOverrides(module).glob() for module in configs),
+        *(_ConfigValues(module).glob() for module in configs),
         Global("warnings.filters", lambda: tuple(warnings.filters), _write_warning_filters),
-        Global("os.environ", lambda: dict(os.environ), _write_environ, _diff_dicts),
+        Global("os.environ", _environ, _write_environ, _diff_dicts),
         Global("os.getcwd()", os.getcwd, os.chdir),
         Global("sys.path", lambda: list(sys.path), lambda v: sys.path.__setitem__(slice(None), v)),
     )
