@@ -222,6 +222,15 @@ def _write_cudnn_flags(saved: object) -> None:
     torch.backends.cudnn.deterministic = deterministic
 
 
+def _default_device_context() -> object:
+    """What ``torch.set_default_device`` entered (None: never called, or called with None)."""
+    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+
+
+def _device_of(context: object) -> str:
+    return str(getattr(context, "device", None))
+
+
 def _write_tls(attr: str) -> Callable[[object], None]:
     return lambda value: setattr(torch._guards._TLS, attr, value)
 
@@ -233,6 +242,11 @@ def _globals() -> tuple[Global, ...]:
     patched_methods += [m for m in fx_trace._wrapped_methods_to_patch if m not in patched_methods]
     configs = [torch._dynamo.config, torch._inductor.config, torch._functorch.config]
     return (
+        # first: the guard's own readings run torch functions, which a leaked mode intercepts
+        Global("torch-function mode stack", torch.overrides._get_current_function_mode_stack,
+               _write_function_modes),
+        Global("dispatch mode stack (fake, proxy, functional modes...)",
+               python_dispatch._get_current_dispatch_mode_stack, _write_dispatch_modes),
         *(_class_attribute(cls, attr) for cls, attr in patched_methods),
         Global("torch.fx.wrap-ed globals", _fx_wrapped_globals, _write_fx_wrapped_globals,
                _diff_fx_wrapped_globals, _same_fx_wrapped_globals),
@@ -249,12 +263,13 @@ def _globals() -> tuple[Global, ...]:
                  lambda v, dev=dev: torch.set_autocast_enabled(dev, v))
           for dev in ("cpu", "cuda")),
         Global("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
-        # before the mode stack: set_default_device pushes a mode of its own
-        Global("torch.get_default_device()", torch.get_default_device, torch.set_default_device),
-        Global("torch-function mode stack", torch.overrides._get_current_function_mode_stack,
-               _write_function_modes),
-        Global("dispatch mode stack (fake, proxy, functional modes...)",
-               python_dispatch._get_current_dispatch_mode_stack, _write_dispatch_modes),
+        # after the mode stack, which holds the DeviceContext that set_default_device enters
+        Global("torch.set_default_device()", _default_device_context,
+               lambda v: setattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", v),
+               lambda before, after: f"{_device_of(before)} -> {_device_of(after)}"),
+        # a fake mode entered on a machine without CUDA sets it, and only its exit clears it
+        Global("torch._C._only_lift_cpu_tensors()", torch._C._only_lift_cpu_tensors,
+               torch._C._set_only_lift_cpu_tensors),
         Global("torch._guards.TracingContext", torch._guards.TracingContext.try_get,
                _write_tls("tracing_context")),
         Global("torch._guards.CompileContext", torch._guards.CompileContext.try_get,
@@ -314,3 +329,9 @@ def _no_leaked_state(request: pytest.FixtureRequest) -> Iterator[None]:
     if leaked:
         pytest.fail(f"{request.node.nodeid} left process-wide state changed (now put back):\n  "
                     + "\n  ".join(leaked), pytrace=False)
+
+
+@pytest.fixture
+def state_guard() -> tuple[Callable[[], list[object]], Callable[[list[object]], list[str]]]:
+    """``(snapshot, restore_leaks)``, for the tests of the guard itself."""
+    return snapshot, restore_leaks
