@@ -11,6 +11,7 @@ puts the state back so that one leak fails one test, not every test after it.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -30,6 +31,8 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._config_module as _config_module
 import torch.utils._python_dispatch as python_dispatch
 from hypothesis import settings
+
+import fxopt.progress
 
 LONG_PROFILE = os.environ.get("FXOPT_PROFILE") == "long"
 
@@ -289,6 +292,12 @@ def _globals() -> tuple[Global, ...]:
                _write_cudnn_flags),
         Global("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
         *(_ConfigValues(module).glob() for module in configs),
+        Global("fxopt.progress.set_progress()", lambda: fxopt.progress._default,
+               fxopt.progress.set_progress),
+        *(Global(f"logging level of {name or 'the root logger'}",
+                 lambda name=name: logging.getLogger(name).level,
+                 lambda v, name=name: logging.getLogger(name).setLevel(v))
+          for name in (None, "torch", "fxopt")),
         Global("warnings.filters", lambda: tuple(warnings.filters), _write_warning_filters),
         Global("os.environ", _environ, _write_environ, _diff_dicts),
         Global("os.getcwd()", os.getcwd, os.chdir),

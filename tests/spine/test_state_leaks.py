@@ -4,6 +4,7 @@ in a real pytest run the test that leaked errors by name while the next one stil
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import torch._inductor.config
 import torch.fx._symbolic_trace as fx_trace
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
+
+import fxopt.progress
 
 
 def wrapped_helper(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +92,12 @@ LEAKS: dict[str, tuple[str, Callable[[], object], Callable[[], bool]]] = {
                          lambda: torch.get_float32_matmul_precision() == "highest"),
     "warnings": ("warnings.filters", lambda: warnings.simplefilter("error"),
                  lambda: warnings.filters[0][0] != "error"),
+    "progress": ("fxopt.progress.set_progress(): None -> False",
+                 lambda: fxopt.progress.set_progress(False),
+                 lambda: fxopt.progress._default is None),
+    "torch_log_level": ("logging level of torch: ",  # torch sets a level of its own first
+                        lambda: logging.getLogger("torch").setLevel(logging.CRITICAL),
+                        lambda: logging.getLogger("torch").level < logging.CRITICAL),
     "environ": ("os.environ: FXOPT_LEAKED: None -> '1'",
                 lambda: os.environ.__setitem__("FXOPT_LEAKED", "1"),
                 lambda: "FXOPT_LEAKED" not in os.environ),
