@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import sysconfig
 import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -196,11 +197,13 @@ def _write_warning_filters(saved: object) -> None:
         mutated()
 
 
-_PYTEST_OWN = "PYTEST_CURRENT_TEST"  # pytest sets it to the phase it is in
+# set by pytest (the phase it is in) and, once per process on the first compile, by
+# Inductor (for its C++ wrapper): no test's doing, and Inductor needs it to stay
+_NOT_A_TEST_S = frozenset({"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
 
 
 def _environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != _PYTEST_OWN}
+    return {k: v for k, v in os.environ.items() if k not in _NOT_A_TEST_S}
 
 
 def _write_environ(saved: object) -> None:
@@ -232,6 +235,21 @@ def _default_device_context() -> object:
 
 def _device_of(context: object) -> str:
     return str(getattr(context, "device", None))
+
+
+_INSTALLED = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib")})
+
+
+def _sys_path_by_tests(path: object) -> list[str]:
+    """``sys.path`` less the folders inside site-packages, which installed packages add when
+    first imported (setuptools its ``_vendor`` when Inductor first imports it)."""
+    assert isinstance(path, list)
+    return [p for p in path if not p.startswith(_INSTALLED)]
+
+
+def _write_sys_path(saved: object) -> None:
+    assert isinstance(saved, list)
+    sys.path[:] = saved + [p for p in sys.path if p.startswith(_INSTALLED) and p not in saved]
 
 
 def _write_tls(attr: str) -> Callable[[object], None]:
@@ -301,7 +319,9 @@ def _globals() -> tuple[Global, ...]:
         Global("warnings.filters", lambda: tuple(warnings.filters), _write_warning_filters),
         Global("os.environ", _environ, _write_environ, _diff_dicts),
         Global("os.getcwd()", os.getcwd, os.chdir),
-        Global("sys.path", lambda: list(sys.path), lambda v: sys.path.__setitem__(slice(None), v)),
+        Global("sys.path", lambda: list(sys.path), _write_sys_path,
+               lambda before, after: f"{_sys_path_by_tests(before)} -> {_sys_path_by_tests(after)}",
+               lambda before, after: _sys_path_by_tests(before) == _sys_path_by_tests(after)),
     )
 
 

@@ -98,6 +98,8 @@ LEAKS: dict[str, tuple[str, Callable[[], object], Callable[[], bool]]] = {
     "torch_log_level": ("logging level of torch: ",  # torch sets a level of its own first
                         lambda: logging.getLogger("torch").setLevel(logging.CRITICAL),
                         lambda: logging.getLogger("torch").level < logging.CRITICAL),
+    "sys_path": ("sys.path: ", lambda: sys.path.insert(0, "/no/such/folder"),
+                 lambda: "/no/such/folder" not in sys.path),
     "environ": ("os.environ: FXOPT_LEAKED: None -> '1'",
                 lambda: os.environ.__setitem__("FXOPT_LEAKED", "1"),
                 lambda: "FXOPT_LEAKED" not in os.environ),
