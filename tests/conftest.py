@@ -247,6 +247,12 @@ def _sys_path_by_tests(path: object) -> list[str]:
     return [p for p in path if not p.startswith(_INSTALLED)]
 
 
+def _diff_sys_path(before: object, after: object) -> str:
+    b, a = _sys_path_by_tests(before), _sys_path_by_tests(after)
+    added, removed = [p for p in a if p not in b], [p for p in b if p not in a]
+    return f"added {added}, removed {removed}" if added or removed else f"reordered: {a}"
+
+
 def _write_sys_path(saved: object) -> None:
     assert isinstance(saved, list)
     sys.path[:] = saved + [p for p in sys.path if p.startswith(_INSTALLED) and p not in saved]
@@ -320,7 +326,7 @@ def _globals() -> tuple[Global, ...]:
         Global("os.environ", _environ, _write_environ, _diff_dicts),
         Global("os.getcwd()", os.getcwd, os.chdir),
         Global("sys.path", lambda: list(sys.path), _write_sys_path,
-               lambda before, after: f"{_sys_path_by_tests(before)} -> {_sys_path_by_tests(after)}",
+               _diff_sys_path,
                lambda before, after: _sys_path_by_tests(before) == _sys_path_by_tests(after)),
     )
 
