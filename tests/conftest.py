@@ -129,7 +129,7 @@ class _ConfigValues:
         self.entries = [module._config[name] for name in self.names]
         self.defaults = [e.env_value_default if _is_set(e.env_value_default) else e.default
                          for e in self.entries]
-        # torch >= 2.12 holds each override in a ContextVar, earlier versions in a field
+        # torch 2.13 holds each override in a ContextVar (per thread), older ones in a field
         self.contextvar = isinstance(self.entries[0].user_override, ContextVar)
 
     def read(self) -> list[object]:
@@ -268,6 +268,7 @@ def _globals() -> tuple[Global, ...]:
                        (nn, "__delattr__"), (torch.Tensor, "__getitem__")]
     patched_methods += [m for m in fx_trace._wrapped_methods_to_patch if m not in patched_methods]
     configs = [torch._dynamo.config, torch._inductor.config, torch._functorch.config]
+    eval_frame = torch._C._dynamo.eval_frame
     return (
         # first: the guard's own readings run torch functions, which a leaked mode intercepts
         Global("torch-function mode stack", torch.overrides._get_current_function_mode_stack,
@@ -301,9 +302,9 @@ def _globals() -> tuple[Global, ...]:
                _write_tls("tracing_context")),
         Global("torch._guards.CompileContext", torch._guards.CompileContext.try_get,
                _write_tls("compile_context")),
-        Global("Dynamo's frame evaluation callback",
-               torch._C._dynamo.eval_frame.get_eval_frame_callback,
-               torch._C._dynamo.eval_frame.set_eval_frame),
+        *([Global("Dynamo's frame evaluation callback", eval_frame.get_eval_frame_callback,
+                  eval_frame.set_eval_frame)]
+          if hasattr(eval_frame, "get_eval_frame_callback") else []),  # not in every torch
         Global("torch.are_deterministic_algorithms_enabled()",
                lambda: (torch.are_deterministic_algorithms_enabled(),
                         torch.is_deterministic_algorithms_warn_only_enabled()),
