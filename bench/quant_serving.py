@@ -1,28 +1,35 @@
-"""Low-bit decode in serving order: one compiled function per variant, prefill then decode.
+"""Low-bit decode and prefill in serving order: one compiled function per variant.
 
-    python3 bench/quant_serving.py --out $OUT            # needs a CUDA GPU
+    pip install --no-deps .whl/torchao-*.whl    # torchao's side of the comparison (optional)
+    python3 bench/quant_serving.py --out $OUT --first-call compile,fxopt    # needs a CUDA GPU
 
 Model: bench/quant_gpu.py's Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16,
 pre-RMSNorm + residual), quantized with default options: ``int8_weight_only``, then
 ``merge_sibling_linears`` and ``fuse_swiglu``. Every variant is compiled once and called in
-serving order, M = 256 (prefill), then M = 1 repeatedly (decode), then 16 and 4, then the
-rest of ``--ms``; the first call at each M is timed (compiling included, warm process), then
-each M is timed with plain Python calls (``triton.testing.do_bench``, median; no CUDA
-graph unless the variant makes one itself). Variants, side by side in one process (the bf16
-ones compiled with Inductor's global ``freezing`` flag, the quantized ones without):
+serving order (``--serving``, default M = 1, 16, 32, 64, 256, 1024, 4096: decode first, then
+ever larger prefills); the first call at each M is timed (compiling included, warm process)
+and its SQNR against the fp32 model taken, then each M of ``--ms`` is timed with plain Python
+calls (``triton.testing.do_bench``, median; no CUDA graph unless the variant makes one
+itself). Variants, side by side in one process (the bf16 ones compiled with Inductor's global
+``freezing`` flag, the quantized ones without), in this order:
 
-- ``bf16``: ``torch.compile(model)``; ``bf16 ro``: ``mode="reduce-overhead"`` (the baselines);
-- ``int8 compile``: ``torch.compile(q)``, the plain route; ``int8 ro``: ``mode="reduce-overhead"``;
+- ``bf16``: ``torch.compile(model)`` (the baseline); ``bf16 ro``: ``mode="reduce-overhead"``;
 - ``int8 fxopt``: ``torch.compile(q, backend="fxopt")``;
-- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size), with ``--int4``
-  (``--int4-sweep`` first sweeps the int4 GEMV's configurations at M = 1 and uses the fastest);
-- ``torchao``: ``Int8WeightOnlyConfig`` + ``torch.compile``, where torchao imports.
+- ``int8 compile``: ``torch.compile(q)``, the plain route; ``int8 ro``: ``mode="reduce-overhead"``;
+- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size);
+  ``--int4-sweep`` first sweeps the int4 GEMV's configurations at M = 1 and uses the fastest;
+- ``torchao int8``, ``torchao int4``: ``Int8WeightOnlyConfig()`` / ``Int4WeightOnlyConfig(
+  group_size=128)`` (tinygemm's ``tile_packed_to_4d`` packing, in torch itself; torchao's
+  default packing needs fbgemm-gpu-genai) + ``torch.compile``, where torchao imports (else a
+  row saying why). They run last: ``quantize_`` sets Inductor's global options the way
+  torchao recommends, which must not touch the other variants.
 
-Before timing: SQNR of each quantized variant against the fp32 model and the int8 compiled
-output against the int8 GraphModule run eagerly; Inductor's code of ``torch.compile(q)`` at
-M = 1 is kept and searched for calls of the fxopt ops (none: the Triton kernels are compiled
-into it). ``--first-call``: the first calls in fresh subprocesses with empty Inductor,
-Triton and fxopt caches: quantize + compile + run at M = 1, then each new M in serving order.
+``--budget-s`` skips the variants left once it is spent (each says so). Before timing:
+SQNR of the eager int8/int4 models against the fp32 model at M = 64; Inductor's code of
+``torch.compile(q)`` at M = 1 is kept and searched for calls of the fxopt ops (none: the
+Triton kernels are compiled into it). ``--first-call``: the first calls in fresh
+subprocesses with empty Inductor, Triton and fxopt caches, before everything else: quantize +
+compile + run at M = 1, then each new M in serving order (targets: 5 s, then 2 s per new M).
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ from quant_gpu import D, MLPStack  # noqa: E402
 import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402
 
-SERVING = [256, 1, 1, 1, 16, 4]
-MS = [1, 4, 16, 64, 256, 1024, 4096]
+SERVING = [1, 16, 32, 64, 256, 1024, 4096]
+MS = SERVING
+VARIANTS = "bf16,int8 fxopt,int8 compile,int4 compile,torchao int8,torchao int4"
 
 
 def log(*args) -> None:
@@ -80,25 +88,29 @@ def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum().clamp(min=1e-30)))
 
 
-def serve(name: str, fn, ms: list[int], row: dict) -> None:
-    """Call ``fn`` in serving order (first call per M timed), then time each M."""
+def serve(name: str, fn, serving: list[int], ms: list[int], row: dict, fp32: nn.Module) -> None:
+    """Call ``fn`` in serving order (first call per M timed, its SQNR against ``fp32``),
+    then time each M."""
     from triton.testing import do_bench
 
     first = row.setdefault("first_call_s", {})
-    inputs = {m: torch.randn(m, D, device="cuda", dtype=torch.bfloat16) for m in set(SERVING + ms)}
+    quality = row.setdefault("sqnr_vs_fp32", {})
+    torch.manual_seed(1)
+    inputs = {m: torch.randn(m, D, device="cuda", dtype=torch.bfloat16) for m in sorted(set(serving + ms + [1]))}
     with torch.no_grad():
-        for m in SERVING + [m for m in ms if m not in SERVING]:
+        for m in serving + [m for m in ms if m not in serving]:
             torch.cuda.synchronize()
             start = time.perf_counter()
-            fn(inputs[m])
+            out = fn(inputs[m])
             torch.cuda.synchronize()
             first.setdefault(str(m), round(time.perf_counter() - start, 3))
+            quality.setdefault(str(m), round(sqnr(fp32(inputs[m].float()), out), 2))
         ms_times = row.setdefault("ms", {})
         for m in ms:
             ms_times[str(m)] = do_bench(lambda m=m: fn(inputs[m]), warmup=25, rep=200, return_mode="median")
         row["host_us_m1"] = host_us(fn, inputs[1])
     log(f"{name}: first call s {first}; ms {({k: round(v, 4) for k, v in ms_times.items()})}; "
-        f"host us per call at M=1 {row['host_us_m1']:.1f}")
+        f"SQNR vs fp32 dB {quality}; host us per call at M=1 {row['host_us_m1']:.1f}")
 
 
 def host_us(fn, x: torch.Tensor, calls: int = 20) -> float:
@@ -130,18 +142,19 @@ def inductor_code(q: fx.GraphModule, out: str) -> dict:
             "clones": len(re.findall(r"\bclone\b|aten\.copy_", code))}
 
 
-def torchao_model(model: nn.Module):
-    """torchao's int8 weight-only on a copy of the model, or the reason it cannot run."""
-    try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
-    except Exception as exc:  # noqa: BLE001 - reported, not hidden
-        return None, f"torchao does not import: {type(exc).__name__}: {exc}"
+def torchao_model(model: nn.Module, bits: int):
+    """torchao's int8 or int4 weight-only on a copy of the model, or the reason it cannot run."""
     try:
         import torchao
-
+        from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        return None, f"torchao does not import: {type(exc).__name__}: {exc}"
+    config = (Int8WeightOnlyConfig() if bits == 8
+              else Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
+    try:
         ao = copy.deepcopy(model)
-        quantize_(ao, Int8WeightOnlyConfig())
-        return ao, f"torchao {torchao.__version__}"
+        quantize_(ao, config)
+        return ao, f"torchao {torchao.__version__}: {config}"
     except Exception as exc:  # noqa: BLE001
         return None, f"torchao quantize_ failed: {type(exc).__name__}: {exc}"
 
@@ -196,7 +209,7 @@ def int4_sweep() -> list[dict]:
     return rows
 
 
-def first_call_child(route: str) -> None:
+def first_call_child(route: str, serving: list[int]) -> None:
     """Child process (fresh caches): quantize, compile, call at M = 1, then each new M."""
     start = time.perf_counter()
     model = float_model()
@@ -208,27 +221,38 @@ def first_call_child(route: str) -> None:
     fn = torch.compile(q, backend="fxopt") if route == "fxopt" else torch.compile(q)
     times = {"model_s": round(built, 3), "quantize_s": round(quantize_s, 3)}
     with torch.no_grad():
-        for m in [1, 256, 16, 4]:
+        for m in [1] + [m for m in serving if m != 1]:
             x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
             torch.cuda.synchronize()
             start = time.perf_counter()
             fn(x)
             torch.cuda.synchronize()
             times[str(m)] = round(time.perf_counter() - start, 3)
-    times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
+            if m == 1:
+                times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
+            print("FIRST_CALL " + json.dumps(times), flush=True)  # so far: a killed child still reports
+    times["worst_new_m_s"] = max(times[str(m)] for m in serving if m != 1)
     print("FIRST_CALL " + json.dumps(times), flush=True)
 
 
-def first_calls(routes: list[str]) -> dict:
+def first_calls(routes: list[str], serving: list[int], timeout_s: float = 150) -> dict:
+    """Each route's first calls in a fresh process with empty caches (``first_call_child``)."""
     out = {}
     for route in routes:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
                    "TRITON_CACHE_DIR": os.path.join(cache, "triton"), "FXOPT_CACHE_DIR": os.path.join(cache, "fxopt")}
-            proc = subprocess.run([sys.executable, __file__, "--child", route], env=env,
-                                  capture_output=True, text=True, timeout=300)
-        line = [text for text in proc.stdout.splitlines() if text.startswith("FIRST_CALL ")]
-        out[route] = json.loads(line[-1].split(" ", 1)[1]) if line else {"error": proc.stderr[-2000:]}
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", route,
+                                       "--serving", ",".join(map(str, serving))], env=env,
+                                      capture_output=True, timeout=timeout_s)
+                stdout, error = proc.stdout, proc.stderr.decode(errors="replace")[-2000:]
+            except subprocess.TimeoutExpired as exc:  # what it measured before the limit still counts
+                stdout, error = exc.stdout or b"", f"killed after {timeout_s} s"
+        line = [text for text in stdout.decode(errors="replace").splitlines() if text.startswith("FIRST_CALL ")]
+        out[route] = json.loads(line[-1].split(" ", 1)[1]) if line else {}
+        if not line or "worst_new_m_s" not in out[route]:
+            out[route]["error"] = error
         log(f"first call ({route}, cold caches): {out[route]}")
     return out
 
@@ -236,23 +260,30 @@ def first_calls(routes: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--ms", default=",".join(map(str, MS)))
-    parser.add_argument("--variants", default="bf16,bf16 ro,int8 compile,int8 ro,int8 fxopt,torchao")
-    parser.add_argument("--int4", action="store_true")
+    parser.add_argument("--serving", default=",".join(map(str, SERVING)), help="M of each first call, in order")
+    parser.add_argument("--ms", default=",".join(map(str, MS)), help="M values timed after serving")
+    parser.add_argument("--variants", default=VARIANTS)
     parser.add_argument("--int4-sweep", action="store_true")
     parser.add_argument("--first-call", default="", help="routes timed cold: compile,fxopt,int4")
+    parser.add_argument("--first-call-timeout", type=float, default=100.0, help="seconds per cold child")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="skip the variants left once this many seconds have passed (first calls included)")
     parser.add_argument("--child")
     args = parser.parse_args()
+    serving = [int(m) for m in args.serving.split(",")]
     if args.child:
-        first_call_child(args.child)
+        first_call_child(args.child, serving)
         return
+    began = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
-    variants = args.variants.split(",") + (["int4 compile"] if args.int4 else [])
+    variants = [v for v in args.variants.split(",") if v]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ms": ms,
-              "serving_order": SERVING, "variants": {}}
+              "serving_order": serving, "variants": {}}
     import triton
     result["triton"] = triton.__version__
+    if args.first_call:  # first: fresh processes, bounded, and cold whatever runs below
+        result["first_call_cold"] = first_calls(args.first_call.split(","), serving, args.first_call_timeout)
 
     if args.int4_sweep:
         # the configuration fastest over the stack's layers (gate, up: 11008x4096; down:
@@ -271,7 +302,7 @@ def main() -> None:
         log("int4 GEMV config for the stack:", best)
     model = float_model()
     q = quantized(model)
-    q4 = quantized(model, "int4_weight_only") if args.int4 else None
+    q4 = quantized(model, "int4_weight_only") if "int4 compile" in variants else None
     if q4 is not None:
         result["int4_group_sizes"] = sorted({r.group_size for r in fq.summary_of(q4).sites if r.group_size})
     fp32 = copy.deepcopy(model).float()
@@ -288,9 +319,12 @@ def main() -> None:
         result["inductor_code_m1"] = {"error": traceback.format_exc()[-3000:]}
     log("Inductor code at M=1:", result["inductor_code_m1"])
 
-    ao, why = torchao_model(model) if "torchao" in variants else (None, "not asked")
-    result["torchao"] = why
-    log(why)
+    def torchao(bits: int):
+        ao, why = torchao_model(model, bits)
+        result.setdefault("torchao", {})[f"int{bits}"] = why
+        log(why)
+        return torch.compile(ao) if ao is not None else why
+
     builders = {
         "bf16": lambda: torch.compile(model),
         "bf16 ro": lambda: torch.compile(model, mode="reduce-overhead"),
@@ -298,25 +332,30 @@ def main() -> None:
         "int8 ro": lambda: torch.compile(q, mode="reduce-overhead"),
         "int8 fxopt": lambda: torch.compile(q, backend="fxopt"),
         "int4 compile": lambda: torch.compile(q4),
-        "torchao": lambda: torch.compile(ao) if ao is not None else None,
+        "torchao int8": lambda: torchao(8),
+        "torchao int4": lambda: torchao(4),
     }
-    for name in variants:
+    # torchao's quantize_ sets Inductor's global options: its variants go last
+    for name in sorted(variants, key=lambda v: v.startswith("torchao")):
         row = result["variants"].setdefault(name, {})
+        if time.perf_counter() - began > args.budget_s:
+            row["error"] = f"skipped: the budget of {args.budget_s} s was spent"
+            log(f"{name}: {row['error']}")
+            continue
         try:
             torch._dynamo.reset()
             # the bf16 baselines with freezing; the quantized variants as a user compiles them
-            # (freezing would fold the dequantized weight of the M > 256 route into a constant)
+            # (freezing would fold a dequantized weight of the reference route into a constant)
             torch._inductor.config.freezing = name.startswith("bf16")
             fn = builders[name]()
-            if fn is None:
-                row["error"] = why
+            if isinstance(fn, str):
+                row["error"] = fn
                 continue
-            serve(name, fn, ms, row)
-            if name != "bf16" and name not in ("bf16 ro",):
+            serve(name, fn, serving, ms, row, fp32)
+            if name.startswith(("int8", "int4")):
                 with torch.no_grad():
-                    row["sqnr_vs_fp32_m64"] = sqnr(ref, fn(xs))
-                    if name.startswith("int8"):
-                        row["sqnr_vs_int8_eager_m64"] = sqnr(q(xs), fn(xs))
+                    eager = q(xs) if name.startswith("int8") else q4(xs)
+                    row["sqnr_vs_eager_m64"] = sqnr(eager, fn(xs))
         except Exception:  # noqa: BLE001
             row["error"] = traceback.format_exc()[-3000:]
             log(f"{name} failed:\n{row['error']}")
@@ -334,8 +373,6 @@ def main() -> None:
             log(f"{name}: " + ", ".join(f"M={m} {s['vs_bf16_frz']}x ({s['vs_best_bf16']}x best bf16)"
                                         for m, s in speedups[name].items()))
     result["speedups"] = speedups
-    if args.first_call:
-        result["first_call_cold"] = first_calls(args.first_call.split(","))
     with open(os.path.join(args.out, "quant_serving.json"), "w") as f:
         json.dump(result, f, indent=1)
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import operator
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -116,9 +117,8 @@ class BackendOptions:
     #: evicted); each holds its input buffers and outputs in the graph's memory pool
     replay_shapes: int = 8
     #: replay training steps (forward, backward, optimizer update) through Inductor's CUDA-graph
-    #: trees, outputs cloned out (fxopt.training); off by default: a loop that keeps a step's
-    #: output alive into the next forward can meet the trees' "overwritten" error
-    training_cuda_graphs: bool = False
+    #: trees with plain-call semantics (fxopt.training); ``cuda_graphs=False`` turns it off too
+    training_cuda_graphs: bool = True
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None
@@ -325,7 +325,10 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
     if record.no_replay is None:
         compiled = GraphReplay(compiled, max_shapes=opts.replay_shapes)
         record.replay = compiled.log
-    return _dropping_frozen_args(compiled, keep, len(example_inputs))
+    if len(keep) == len(example_inputs):
+        return compiled
+    weights = [example_inputs[i] for i in range(len(example_inputs)) if i not in set(keep)]
+    return FrozenWeights(compiled, keep, weights, lambda args: _unfrozen(gm, args, opts, record))
 
 
 def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
@@ -338,7 +341,7 @@ def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: boo
     if not training_route(work, training=training, is_state=state.__contains__):
         return False
     if not (opts.cuda_graphs and opts.training_cuda_graphs):
-        record.no_replay = "training steps are replayed only with training_cuda_graphs=True"
+        record.no_replay = "cuda_graphs=False" if not opts.cuda_graphs else "training_cuda_graphs=False"
     elif patches.get("triton.cudagraphs"):
         record.no_replay = "Inductor captures its own CUDA graphs (mode='reduce-overhead')"
     elif any(_from_fsdp(getattr(n, "_dynamo_source", None)) for n in placeholders):
@@ -399,6 +402,44 @@ def _warn(graph_name: str, reason: str) -> None:
                   "(pass strict=True to raise instead)", RuntimeWarning, stacklevel=2)
 
 
+class FrozenWeights:
+    """A graph compiled with its weights as constants, called as Dynamo calls it (weights
+    included), that notices when the weights change.
+
+    Frozen constants are what the weights were at compile time (folded, laid out anew), so
+    a graph that kept running them after an optimizer step, ``load_state_dict`` or any
+    other in-place write would compute with stale weights: an evaluation under
+    ``no_grad`` between training steps would be wrong. Each call compares the weights'
+    version counters (every in-place write bumps them) with those seen at compile time;
+    once one differs, the graph is compiled again with its weights as inputs (by
+    ``unfrozen``, once) and runs that way from then on. A weight rebound with
+    ``param.data = ...`` keeps its counter and is not noticed: call ``torch._dynamo.reset()``.
+    """
+
+    def __init__(self, compiled: Callable, keep: Sequence[int], weights: Sequence[torch.Tensor],
+                 unfrozen: Callable[[list[Any]], Callable]):
+        self.compiled, self.keep, self.weights = compiled, list(keep), list(weights)
+        self.versions = list(map(_VERSION, self.weights))
+        self.unfrozen = unfrozen
+        self.plain: Callable | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.plain is None:
+            if list(map(_VERSION, self.weights)) == self.versions:
+                return self.compiled(*[args[i] for i in self.keep])
+            self.plain = self.unfrozen(list(args))
+        return self.plain(*args)
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _unfrozen(gm: fx.GraphModule, args: list[Any], opts: BackendOptions, record: CompiledGraph) -> Callable:
+    """``gm`` compiled by plain Inductor with its weights as inputs, after they changed."""
+    record.fallback = "weights changed after the graph froze them: compiled again with weights as inputs"
+    return _plain_inductor(gm, args, opts, training=False)
+
+
 def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Callable:
     """Dynamo still passes the frozen parameters; the compiled graph no longer takes them."""
     if len(keep) == total:
@@ -414,18 +455,22 @@ def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Ca
 
 def _work_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm``'s graph over the same module (so the same tensors), with Dynamo's
-    example values as ``meta['val']``; ``gm`` itself stays untouched for a fallback."""
+    example values as ``meta['val']``; ``gm`` itself stays untouched for a fallback.
+
+    The module is a shallow copy of Dynamo's, with tables of its own (so a pass that
+    registers a tensor leaves ``gm`` as it was): AOTAutograd reads more of a Dynamo graph
+    module than its graph. A new ``GraphModule`` around the copied graph, given only
+    ``_param_name_to_source``, made AOTAutograd count saved weights as buffers it may donate
+    to the backward, and ``retain_graph=True`` failed where plain ``torch.compile`` runs."""
     graph = copy.deepcopy(gm.graph)
-    work = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    work.meta = dict(gm.meta)
+    work = type(gm).__new__(type(gm))
+    work.__dict__.update(gm.__dict__)
+    for table in ("_parameters", "_buffers", "_modules", "meta"):
+        setattr(work, table, dict(getattr(gm, table)))
+    work.graph = graph
     for old, new in zip(gm.graph.find_nodes(op="placeholder"), graph.find_nodes(op="placeholder")):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
-    if hasattr(gm, "_param_name_to_source"):
-        # AOTAutograd reads it to know the graph came from Dynamo: without it, parameter
-        # and buffer inputs are not static inputs, so CUDA-graph trees would copy every
-        # weight into the graph on every replay (and skip graphs that update BatchNorm stats)
-        work._param_name_to_source = gm._param_name_to_source
     for node in graph.nodes:
         if "val" not in node.meta and "example_value" in node.meta:
             node.meta["val"] = node.meta["example_value"]

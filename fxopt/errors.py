@@ -173,3 +173,8 @@ class FactoryError(FxoptError, ValueError):
 
 class SaveError(FxoptError, RuntimeError):
     """An optimized program could not be written in the format asked for."""
+
+
+class SavedFormatError(FxoptError, ValueError):
+    """A saved program, or the quantized weights in it, is in a format version this fxopt
+    cannot read or convert; the message names both versions and what to do."""

@@ -33,6 +33,7 @@ from fxopt.pass_protocol import Pass, PassResult
 from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
 from fxopt.progress import progress
 from fxopt.report import PassRecord, Report
+from fxopt.seeding import seeded
 from fxopt.snapshot import GraphSnapshot, ModuleState, TensorGuard
 
 REPORT_KEY = "fxopt.report"
@@ -67,8 +68,7 @@ class VerifyEach(Instrumentation):
         inputs = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, self.inputs)
         # batch norm updates its statistics without bumping their version counters
         buffers = [(b, b.clone()) for b in gm.buffers() if not b.is_inference()]
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(0)
+        with seeded(gm, 0), torch.no_grad():  # the global generator only if gm draws from it
             try:
                 return gm(*inputs)
             finally:

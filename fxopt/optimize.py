@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.fx as fx
@@ -49,7 +49,7 @@ def optimize(
     hooks: Iterable[Instrumentation] = (),
     rtol: float | None = None,
     atol: float | None = None,
-    profile: Profiler | None = None,
+    profile: Profiler | Literal[False] | None = None,
     progress: bool | None = None,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
@@ -72,8 +72,11 @@ def optimize(
     ``profile=fxopt.profile`` measures the graph on ``example_inputs`` before and after the
     passes with that profiler (``functools.partial(fxopt.profile, repeat=20)`` for more
     runs) and puts the :class:`~fxopt.profiling.ProfileDiff`, which credits the change in
-    time and memory to the passes, in ``report_of(result).profile``.
+    time and memory to the passes, in ``report_of(result).profile``. ``profile=None`` or
+    ``False`` measures nothing.
     """
+    if profile is False:
+        profile = None
     if profile is not None and not callable(profile):
         raise InputError(f"profile takes the profiler to measure with (profile=fxopt.profile), not {profile!r}")
     if profile is not None and example_inputs is None:

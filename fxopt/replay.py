@@ -24,16 +24,19 @@ Shapes. A graph with symbolic sizes (Dynamo's automatic dynamic shapes after a s
 batch size, ``dynamic=True``, ``mark_dynamic``) runs one compiled function for every size,
 taking the sizes as int arguments. A CUDA graph is fixed to the sizes it was captured
 with, so one is captured per *call signature* (:func:`signature`: every tensor's shape,
-strides, dtype and device, every number's value), kept in a bounded
+strides, dtype and device, every int's value), kept in a bounded
 least-recently-used :class:`ShapeCache` (``replay_shapes`` of the backend, default 8).
 All captures of one compiled function share one memory pool, as Inductor's CUDA-graph
 trees do: each capture's intermediates are scratch reused by the next, and since every
 replay's outputs are cloned out before anything else runs on the stream, one graph's
 replay may overwrite another's outputs in the pool harmlessly. Memory: the pool holds
 about the largest capture's intermediates plus every cached capture's outputs, and each
-capture keeps its own input buffers. A shape that comes back after being evicted means
-the working set of shapes exceeds the bound: rather than capture again and again, such
-shapes run plain, with a warning and a count in the log.
+capture keeps its own input buffers. A new shape that finds the cache full runs plain,
+and takes the least recently used capture's place only if it comes back before that
+capture is used again, so a one-off (an epoch's last, partial batch) evicts nothing
+(:class:`ShapeBook`). A shape that
+comes back after being evicted means the working set of shapes exceeds the bound: rather
+than capture again and again, such shapes run plain, with a warning and a count in the log.
 
 Per signature, the first call runs the compiled function (it compiles and tunes kernels);
 the second captures, after one warm-up on a side stream as CUDA requires, then times
@@ -111,13 +114,13 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *, training: bool
 
 def signature(args: Sequence[Any]) -> tuple | None:
     """What a call must match to be served by a capture: each tensor's shape, strides, dtype
-    and device, each number's type and value (the sizes a dynamic-shape graph takes);
-    None if some argument is neither."""
+    and device, each int's value (the sizes a dynamic-shape graph takes); None if some
+    argument is neither (:func:`refusal` admits no other kind of input)."""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
             key.append((a.shape, a.stride(), a.dtype, a.device))
-        elif isinstance(a, int | float):
+        elif isinstance(a, int):
             key.append((type(a), a))
         else:
             return None
@@ -226,39 +229,73 @@ class _Capture:
 
 class ShapeBook:
     """The call signatures a :class:`GraphReplay` has seen: the captures kept (a
-    :class:`ShapeCache`) and what ran for each (a :class:`ReplayLog`). Needs no GPU."""
+    :class:`ShapeCache`) and what ran for each (a :class:`ReplayLog`). Needs no GPU.
+
+    A new signature that finds the cache full runs plainly and is only remembered. When it
+    comes back before the least recently used capture is used again (it is then the more
+    recent of the two), it takes that capture's place. A one-off, such as the last, partial
+    batch of each epoch, so never evicts the captures the full batches keep using.
+    """
 
     def __init__(self, bound: int):
         self.cache: ShapeCache[tuple, _Capture] = ShapeCache(bound)
         self.log = ReplayLog(bound)
+        self.clock = 0  # lookups so far
+        self.used: dict[tuple, int] = {}  # per kept capture, the clock of its last lookup
+        #: signatures run plainly at a full cache, with the clock of their last call, up to
+        #: ``cache.memory`` of them
+        self.waiting: OrderedDict[tuple, int] = OrderedDict()
 
     def lookup(self, key: tuple) -> tuple[_Capture | None, bool]:
         """The state kept for ``key`` and whether this is its first call (which runs plainly:
-        it compiles and tunes; the second captures); ``(None, False)`` when the cache refuses
-        the signature (full, and the signature was evicted before): it runs plainly."""
+        it compiles and tunes; the second captures); ``(None, False)`` when the signature
+        runs plainly without a place in the cache: the cache is full and the signature was
+        evicted before, or is new or still less recent than every capture kept. One that
+        gets a place after waiting has compiled already, and is captured at once."""
+        self.clock += 1
         entry = self.cache.get(key)
         if entry is not None:
+            self.used[key] = self.clock
             return entry, False
         description = describe(key)
         if not self.cache.admits(key):
             self.log.at_bound += 1
-            self.log.shapes[description] = (f"plain: the cache of {self.cache.bound} captured shapes is full "
-                                            f"and this shape was evicted before (raise replay_shapes)")
+            self._note(description, f"plain: the cache of {self.cache.bound} captured shapes is full "
+                                    f"and this shape was evicted before (raise replay_shapes)")
             if self.log.at_bound == 1:
                 warnings.warn(f"fxopt backend: more call shapes than replay_shapes={self.cache.bound} keep "
                               f"coming back; shapes beyond the bound run with plain launches", RuntimeWarning,
                               stacklevel=4)
             return None, False
+        full = len(self.cache.entries) >= self.cache.bound
+        if full:
+            last_call = self.waiting.pop(key, None)
+            if last_call is None or self.used[next(iter(self.cache.entries))] > last_call:
+                self.waiting[key] = self.clock
+                while len(self.waiting) > self.cache.memory:
+                    self.waiting.popitem(last=False)
+                self._note(description, f"plain: the cache of {self.cache.bound} captured shapes is full and "
+                                        f"in use; captured if it comes back before the least recently used")
+                return None, False
         entry = _Capture(description)
         evicted = self.cache.insert(key, entry)
+        self.used[key] = self.clock
         if evicted is not None:
+            del self.used[evicted[0]]
             evicted[1].release()
             self.log.evictions += 1
-            self.log.shapes[evicted[1].description] = "evicted (least recently used)"
-        self.log.shapes[description] = "first call: plain (compiles); captured at the next call"
+            self._note(evicted[1].description, "evicted (least recently used)")
+        if full:  # it ran plainly before, so it has compiled: capture now
+            self._note(description, "came back: captured")
+            return entry, False
+        self._note(description, "first call: plain (compiles); captured at the next call")
+        return entry, True
+
+    def _note(self, description: str, status: str) -> None:
+        """Log ``status`` for a signature, forgetting the oldest beyond the log's bound."""
+        self.log.shapes[description] = status
         while len(self.log.shapes) > self.cache.bound + self.cache.memory:
             del self.log.shapes[next(iter(self.log.shapes))]
-        return entry, True
 
 
 class GraphReplay:

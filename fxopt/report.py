@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tabulate import tabulate
-
 from fxopt.snapshot import GraphSnapshot
 
 
@@ -76,6 +74,8 @@ class Report:
             ])
         headers = ["pass", "ms", "nodes before", "nodes after", "changed", "notes"]
         fixed = sum(max(len(str(v)) for v in column) + 2 for column in zip(headers, *rows) if column[0] != "notes")
+        from tabulate import tabulate  # on first use: ``import fxopt`` stays free of it
+
         text = tabulate(rows, headers=headers, maxcolwidths=[None] * 5 + [max(20, width - fixed)])
         footer = [f"total {self.total_seconds * 1e3:.1f} ms" + (", verified after each pass" if self.verified else "")]
         footer += textwrap.wrap("; ".join(f"warning: {w}" for w in self.warnings), width)

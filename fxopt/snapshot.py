@@ -210,7 +210,7 @@ class TensorGuard:
         self.total += sum(t.numel() * t.element_size() for _, t in new)
         with torch.no_grad():
             for name, t in new:
-                copy = t.detach().clone() if self.total <= self.limit_bytes else None
+                copy = _backup(t) if self.total <= self.limit_bytes else None
                 self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), copy)
 
     def changed(self) -> list[str]:
@@ -233,6 +233,15 @@ class TensorGuard:
                     data.copy_(saved)
                 e.version = _version(e.tensor)
         return ok
+
+
+def _backup(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s contents kept in host memory: a copy on the GPU would raise the
+    device's reserved memory (the caching allocator keeps the blocks after the run; a
+    training step replayed from its own CUDA-graph pool could never reuse them)."""
+    if t.device.type in ("cpu", "meta") or is_traceable_wrapper_subclass(t):
+        return t.detach().clone()
+    return t.detach().to("cpu", copy=True)
 
 
 def _plain(t: torch.Tensor) -> list[torch.Tensor]:
@@ -275,6 +284,8 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN payloads included); numpy's comparison is the fastest on CPU."""
     as_int = _SAME_SIZE_INT.get(a.element_size())
     try:
+        if a.device != b.device:  # a device tensor against its host backup (_backup)
+            a = a.to(b.device)
         if as_int is not None and a.layout == torch.strided:
             a, b = a.view(as_int), b.view(as_int)
             if a.device.type == "cpu":

@@ -8,41 +8,46 @@ writes the parameters in place, dropout draws random numbers. Inductor's CUDA-gr
 (``mode="reduce-overhead"``) already handle all of it: a forward and its backward share one
 memory pool, parameters and buffers are static inputs (replays write them where they are;
 a parameter that moves is re-recorded), random draws go through graph-safe Philox offsets
-(each replay advances the generator as a plain call does: on an H100, six dropout training
-steps gave the same losses replayed and plain, ``bench/training.py --rng-check``),
-and gradients that autograd accumulates are copied out of the pool (they are "cached
-tensors", which ``AccumulateGrad`` never steals). So the backend reuses that machinery for
-training graphs, with one change that keeps plain-call semantics: Inductor's outputs live in
-the pool and are overwritten by the next replay, so :class:`PlainOutputs` clones every
-output the caller sees that is not a view of an input (those AOTAutograd rebuilds outside
-the graph). Holding the loss or the logits of step *n* while step *n+1* runs is then as safe
-as without CUDA graphs.
+(each replay advances the generator as a plain call does). So the backend reuses that
+machinery for training graphs, by default, with what keeps plain-call semantics around it
+(:class:`PlainOutputs`):
 
-Opt-in (``training_cuda_graphs=True``): a GPU test of a model-only compile (forward compiled,
-``backward`` outside, gradients accumulating over steps) met the trees' "overwritten by a
-subsequent run" error in a later backward; whole-step compiles ran (bench/RESULTS.md,
-"Training"). The backend also refuses graphs of FSDP-managed modules, whose parameters FSDP
+- Outputs live in the pool and the next replay overwrites them: every output the caller
+  sees that is not a view of an input is cloned out, so a loss or logits kept from step *n*
+  are intact after step *n+1* (under ``reduce-overhead`` they are overwritten).
+- Gradients live in the pool too. ``torch.autograd.grad`` returns them: copied out.
+  ``AccumulateGrad`` steals one into ``.grad`` when ``.grad`` is None; the usual loop drops
+  it (``zero_grad()``) before the next step, so nothing is copied, but a ``.grad`` still
+  held when a later generation of the trees starts (accumulation,
+  ``zero_grad(set_to_none=False)``) is copied out of the pool first. Before, such loops met
+  the trees' "overwritten by a subsequent run" error, and training replay was opt-in.
+- Weights frozen into inference graphs (an evaluation under ``no_grad`` between steps)
+  are watched by :class:`fxopt.backend.FrozenWeights`: once a step changed them, that
+  graph runs with its weights as inputs.
+
+The backend also refuses graphs of FSDP-managed modules, whose parameters FSDP
 re-allocates every step.
 
 Which graphs. :func:`training_route` says whether a graph belongs to this path: a graph
 autograd records (training), or one run without autograd that writes parameters or
 buffers in place (an optimizer's update). :func:`refusal` says why replaying one could
-differ from running it as is, from the op-facts model alone: anything but static-shape CUDA
-tensor inputs, collectives (every rank must issue them as it would unreplayed), ops the
-model does not know, and writes into inputs that are not parameters or buffers (Inductor would copy them into the graph and
-the caller's tensor would never see the write). A refused graph runs Inductor's code with
-plain launches, and ``CompiledGraph.no_replay`` says why; so does a graph whose replay
-Inductor itself gives up (its ``cudagraph_skips``), caught from Inductor's log.
-
-Not covered: ``torch.autograd.grad`` returns the backward graph's outputs themselves, which
-live in the pool; Inductor marks them so that reading one after a later replay overwrote it
-raises an error rather than returning stale values. ``.backward()`` is unaffected.
+differ from running it as is, from the op-facts model alone: anything but CUDA tensor
+inputs, collectives (every rank must issue them as it would unreplayed), ops the model does
+not know, and writes into inputs that are not parameters or buffers (Inductor would copy
+them into the graph and the caller's tensor would never see the write). Shapes that vary
+(the last, smaller batch of an epoch) are recorded once per shape, as the trees do. A
+refused graph runs Inductor's code with plain launches, and ``CompiledGraph.no_replay``
+says why; so does a graph whose replay Inductor itself gives up (its ``cudagraph_skips``),
+caught from Inductor's log. ``retain_graph=True`` fails in AOTAutograd's donated buffers
+as it does under plain ``torch.compile``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -88,10 +93,6 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         for written in facts.writes:
             if traced_value(written) is None or storages_of(traced_value(written)) & caller_owned:
                 return f"node {node.name} writes input {written.name}, which is not a parameter or buffer"
-        for leaf in tree_flatten(traced_value(node))[0]:
-            if isinstance(leaf, torch.SymInt | torch.SymFloat | torch.SymBool) or (
-                    isinstance(leaf, torch.Tensor) and any(not isinstance(s, int) for s in leaf.shape)):
-                return f"node {node.name} has a dynamic shape"
     seen: set = set()  # outputs are cloned apart, which would break their aliasing
     for index, out in enumerate(tree_flatten(gm.graph.output_node().args[0])[0]):
         storages = storages_of(traced_value(out)) if isinstance(out, fx.Node) else set()
@@ -99,8 +100,6 @@ def refusal(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
             return f"output {index} shares storage with another output"
         seen |= storages
     for index, value in enumerate(example_inputs):
-        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return f"input {index} is a symbolic size (dynamic shapes)"
         if isinstance(value, torch.Tensor) and value.device.type != "cuda":
             return f"input {index} is on {value.device}"
     return None
@@ -118,15 +117,99 @@ def fresh_outputs(gm: fx.GraphModule) -> list[bool]:
     return flags
 
 
+class _PendingGrads:
+    """Gradients that ``AccumulateGrad`` stole out of a replayed backward's pool into
+    ``.grad``, with the generation of the CUDA-graph trees they belong to: the first replay
+    of a later generation may reuse their memory, so :meth:`PlainOutputs.__call__` copies
+    those still held before it runs. One for the process, behind a lock, not one per
+    thread: the autograd engine runs a CUDA backward on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.generation: int | None = None
+        self.grads: list[tuple[weakref.ref, int]] = []
+
+
+_PENDING = _PendingGrads()
+
+
+def _generation() -> int:
+    """The CUDA-graph trees' current generation (a new one starts with each new
+    ``torch.compile`` invocation, or at ``torch.compiler.cudagraph_mark_step_begin``)."""
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    return CUDAGraphTreeManager.get_curr_generation()
+
+
+#: a leaf that every _GradsOutOfPool node also takes, so that its backward can tell who runs it
+_ANCHOR = torch.zeros((), requires_grad=True)
+
+
+class _GradsOutOfPool(torch.autograd.Function):
+    """Identity on the way forward; on the way back, keeps the input gradients of a
+    replayed backward (which live in its CUDA-graph pool, where a later replay overwrites
+    them) from reaching the caller in the pool. ``torch.autograd.grad`` returns them to
+    the caller: copied here (told apart from ``.backward()`` by whether the engine runs
+    the accumulator of ``_ANCHOR``, a leaf no caller asks for). ``.backward()`` hands a leaf's gradient to ``AccumulateGrad``,
+    which adds it into ``.grad`` at once or, when ``.grad`` is None, steals it: no copy here
+    (the common loop drops ``.grad`` before the next step), but the stolen ones are noted
+    and copied out before a later generation replays (:class:`_PendingGrads`). One node for
+    all inputs: one Python call per step."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(x.view_as(x) for x in inputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        edges = ctx.next_functions
+        # .backward() without inputs= runs every node of the graph, _ANCHOR's AccumulateGrad
+        # too; torch.autograd.grad (and inputs=) runs only what leads to what it returns
+        if not torch._C._will_engine_execute_node(edges[0][0]):
+            return (None, *(None if g is None else g.clone() for g in grads))
+        stolen = [(weakref.ref(node.variable), g.data_ptr())
+                  for (node, _), g in zip(edges[1:], grads)
+                  if g is not None and hasattr(node, "variable")]
+        generation = _generation()
+        with _PENDING.lock:
+            if _PENDING.generation != generation:
+                _PENDING.generation, _PENDING.grads = generation, []
+            _PENDING.grads += stolen
+        return (None, *grads)
+
+
+def _copy_stolen_grads() -> None:
+    """Copy out of the pool every ``.grad`` that still holds a gradient stolen from an
+    earlier generation's backward: the replay about to run may overwrite it."""
+    if not _PENDING.grads or _PENDING.generation == _generation():
+        return
+    with _PENDING.lock:
+        pending, _PENDING.grads = _PENDING.grads, []
+    with torch.no_grad():
+        for ref, pointer in pending:
+            leaf = ref()
+            if leaf is not None and leaf.grad is not None and leaf.grad.data_ptr() == pointer:
+                leaf.grad = leaf.grad.clone()
+
+
 class PlainOutputs:
-    """A compiled graph whose outputs the caller owns: each output in ``fresh`` is cloned
-    out of Inductor's CUDA-graph pool (autograd records the clone, so gradients flow)."""
+    """A compiled training graph replayed by Inductor's CUDA-graph trees, with plain-call
+    semantics: each output in ``fresh`` is cloned out of the pool (autograd records the
+    clone, so gradients flow), and the gradients its backward computes for the inputs
+    never reach the caller in the pool (:class:`_GradsOutOfPool`)."""
 
     def __init__(self, compiled: Callable, fresh: Sequence[bool]):
         self.compiled = compiled
         self.fresh = list(fresh)
 
     def __call__(self, *args: Any) -> Any:
+        _copy_stolen_grads()
+        if torch.is_grad_enabled():
+            trained = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+            if trained:
+                args = list(args)
+                for i, view in zip(trained, _GradsOutOfPool.apply(_ANCHOR, *(args[i] for i in trained))):
+                    args[i] = view
         outputs = self.compiled(*args)
         if not isinstance(outputs, list | tuple):
             return outputs.clone() if self.fresh and self.fresh[0] else outputs
@@ -137,12 +220,17 @@ class PlainOutputs:
 
 
 class _SkipCatcher(logging.Handler):
+    """Collects the records of the thread that installed it: a compile in another thread
+    logs to the same logger meanwhile."""
+
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
+        self.thread = threading.get_ident()
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        if record.thread == self.thread:
+            self.messages.append(record.getMessage())
 
 
 @contextlib.contextmanager

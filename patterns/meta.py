@@ -22,7 +22,8 @@ Only code torch (or fxopt) owns ever runs:
   back to running real kernels, and the shape environment refuses new guards (an op that
   would need one gets no value rather than changing what the graph assumes). These
   settings belong to a mode other code may share, so evaluation is serialized by a lock
-  and the settings are always put back.
+  (and holds the mode's own lock, :mod:`fxopt.analysis.fake_lock`, which shape
+  propagation takes too) and the settings are always put back.
 
 Values of any other type (a user's class, a tensor subclass, a quantized or nested tensor,
 a cyclic container) are never touched, and fake tensors of two modes are not mixed. A
@@ -52,6 +53,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.ops import mutated_inputs, torch_name
 from fxopt.analysis.shapes import record_value
 
@@ -128,6 +130,9 @@ def _modes(values: Iterable[Any]) -> list[FakeTensorMode]:
 #: graph -> the fake mode its real tensors are converted in (one per graph, so one real
 #: tensor is one fake tensor across rewrites)
 _FRESH_MODES: weakref.WeakKeyDictionary[fx.Graph, FakeTensorMode] = weakref.WeakKeyDictionary()
+#: serializes evaluation (a mode's settings are changed while it runs) and the fill of
+#: ``_FRESH_MODES``
+_LOCK = threading.RLock()
 
 
 def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
@@ -138,9 +143,10 @@ def _mode_for(graph: fx.Graph, values: list[Any]) -> FakeTensorMode | None:
         return None
     if modes:
         return modes[0] if type(modes[0]) is FakeTensorMode else None
-    mode = _FRESH_MODES.get(graph)
-    if mode is None:
-        mode = _FRESH_MODES[graph] = FakeTensorMode(allow_fallback_kernels=False)
+    with _LOCK:  # one fresh mode per graph, also when two threads ask at once
+        mode = _FRESH_MODES.get(graph)
+        if mode is None:
+            mode = _FRESH_MODES[graph] = FakeTensorMode(allow_fallback_kernels=False)
     return mode
 
 
@@ -227,15 +233,12 @@ class _TorchCodeOnly(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_LOCK = threading.RLock()
-
-
 @contextmanager
 def _evaluating(mode: FakeTensorMode) -> Iterator[_TorchCodeOnly]:
     """Run ops for their fake values only: the user's dispatch modes off, no fallback to
     real kernels, no new guards, every dispatched op checked; the mode's settings restored."""
     shape_env = mode.shape_env
-    with _LOCK, ExitStack() as stack:
+    with _LOCK, fake_mode_lock(mode), ExitStack() as stack:
         stack.enter_context(_disable_current_modes())
         fallback = mode.allow_fallback_kernels
         mode.allow_fallback_kernels = False

@@ -9,7 +9,8 @@ a pattern (``nn.Sigmoid()``, ``nn.GELU("tanh")``) matches by type and attributes
 ``get_attr`` in a pattern (a tensor attribute of a pattern module) matches any
 ``get_attr``. Both are traced with ``torch.fx`` when the rule is created; everything that
 can be wrong with them is reported then, with the function's name, rather than as a
-silent non-match later.
+silent non-match later. Tracing patches nothing process-wide (:mod:`fxopt.patterns.tracing`):
+rules may be created in several threads at once, while other threads run models.
 
 A pattern may return several values. Matching starts at one output that no other output
 depends on (the *anchor*); every other output must be computed from the anchor's part or
@@ -26,7 +27,8 @@ from typing import Any
 
 import torch.fx as fx
 import torch.nn as nn
-from fxopt.patterns.canon import CalledModule, Canon, canonicalize
+from fxopt.patterns.canon import Canon, canonicalize
+from fxopt.patterns.tracing import ANY, PatternTracer
 
 from fxopt.analysis.ops import keeps_input_metadata, mutated_inputs, output_aliases
 from fxopt.errors import PatternError
@@ -34,32 +36,6 @@ from fxopt.graph_utils import upstream
 
 #: what a pattern or a replacement may be given as
 PatternSource = Callable[..., Any] | nn.Module | fx.Graph
-
-
-class _Any:
-    """Matches any literal argument (not captured). ``fxopt.patterns.ANY``."""
-
-    def __repr__(self) -> str:
-        return "ANY"
-
-
-ANY = _Any()
-
-
-class _PatternTracer(fx.Tracer):
-    """Traces parameter-free modules used inside a pattern (``nn.ReLU()(x)``) as calls of
-    the module object, so they canonicalize like the installed modules they stand for."""
-
-    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
-        if next(m.parameters(), None) is not None or next(m.buffers(), None) is not None:
-            raise PatternError(
-                f"{type(m).__name__} has parameters or buffers; in a pattern, write the "
-                "functional form (F.conv2d(x, w, b, ...)) with the tensors as pattern arguments"
-            )
-        return self.create_proxy("call_function", CalledModule(m), args, kwargs)
-
-    def create_arg(self, a: Any) -> Any:
-        return a if a is ANY else super().create_arg(a)
 
 
 def describe(fn: Any) -> str:
@@ -78,7 +54,7 @@ def describe(fn: Any) -> str:
 def trace_function(fn: PatternSource, role: str) -> tuple[fx.Graph, nn.Module | None]:
     """``fn`` as a graph, and the module that owns its attributes (None for a function),
     or say why it cannot be traced. A replacement *module* keeps its submodule calls (they
-    are copied into the rewritten module); everywhere else modules trace as calls."""
+    are copied into the rewritten module); a pattern module's submodules trace as calls."""
     if isinstance(fn, fx.GraphModule):
         return fn.graph, fn
     if isinstance(fn, fx.Graph):
@@ -87,17 +63,14 @@ def trace_function(fn: PatternSource, role: str) -> tuple[fx.Graph, nn.Module | 
         raise PatternError(f"the {role} must be a function, an nn.Module or an fx.Graph, "
                            f"got {type(fn).__name__}")
     try:
-        if role == "replacement" and isinstance(fn, nn.Module):
-            traced = fx.symbolic_trace(fn)
-            return traced.graph, traced
-        graph = _PatternTracer().trace(fn)
+        graph = PatternTracer(role).trace(fn)
         return graph, fn if isinstance(fn, nn.Module) else None
     except PatternError:
         raise
     except Exception as exc:
         raise PatternError(
             f"cannot trace {role} {describe(fn)}: {type(exc).__name__}: {exc}. Patterns and "
-            "replacements are traced once with torch.fx with their arguments symbolic: no "
+            "replacements are traced once with their arguments symbolic: no "
             "Python control flow on arguments, no data-dependent shapes"
         ) from exc
 
@@ -274,14 +247,18 @@ def per_match(callback: Callable[[Any], PatternSource], pattern: CompiledPattern
     """A replacement chosen per match: ``callback(match)`` returns a function, module or
     graph, compiled (and checked against the pattern) like a fixed replacement. The last
     one compiled is reused while the callback keeps returning it, so a callback that picks
-    among a few replacements traces each at most once in a row."""
-    last: list[Any] = [None, None]
+    among a few replacements traces each at most once in a row. The (source, compiled) pair
+    is read and replaced as one object: a rule applied in several threads at once never
+    returns another thread's replacement."""
+    last: list[tuple[Any, CompiledReplacement | None]] = [(None, None)]
 
     def replacement_for(m: Any) -> CompiledReplacement:
         source = callback(m)
-        if last[0] is not source:
-            last[:] = [source, compile_replacement(source, pattern, positional=positional)]
-        return last[1]
+        cached, compiled = last[0]
+        if cached is not source or compiled is None:
+            compiled = compile_replacement(source, pattern, positional=positional)
+            last[0] = (source, compiled)
+        return compiled
 
     return replacement_for
 

@@ -56,7 +56,8 @@ def fold_bias(bias: torch.Tensor | None, gamma: torch.Tensor | None, beta: torch
 
 
 # leaf calls in the graph (wrapped), declared pure with the same API users have, so that
-# constant_fold and dce may treat them like any torch op
+# constant_fold and dce may treat them like any torch op. torch.fx.wrap only registers the
+# names: fxopt's pattern tracer reads that registry and patches nothing (patterns/tracing.py)
 for _fold in (fold_weight, fold_bias):
     torch.fx.wrap(_fold.__name__)
     declare_op(_fold, pure=True)

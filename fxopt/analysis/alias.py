@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
+from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.ops import mutated_inputs, unseen_aliases
 from fxopt.analysis.registry import register_analysis
 from fxopt.analysis.shapes import call_module_on_copies
@@ -183,7 +184,7 @@ def saved_for_backward(gm: fx.GraphModule, ctx: Any) -> dict[tuple[fx.Node, int]
     recorder = _SavedTensorRecorder(gm, mode)
     inputs = [p.meta.get("val") for p in placeholders]
     try:
-        with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+        with fake_mode_lock(mode), mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
             recorder._pack, lambda t: t
         ):
             recorder.run(*inputs, enable_io_processing=False)

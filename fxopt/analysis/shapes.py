@@ -24,6 +24,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map
 
+from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.registry import register_analysis
 from fxopt.errors import AnalysisError, MissingFakeImplError
 
@@ -158,9 +159,10 @@ def fake_mode_for(gm: fx.GraphModule, example_inputs: Any,
                     node=p.name,
                 )
         mode = torch._guards.detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
-        mode.allow_non_fake_inputs = True
-        fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
-                else v for v in vals]
+        with fake_mode_lock(mode):  # the placeholders' mode: other threads' graphs may share it
+            mode.allow_non_fake_inputs = True
+            fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
+                    else v for v in vals]
         return mode, fake
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     flat = gm.graph.process_inputs(*example_inputs)
@@ -197,7 +199,7 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
                 state.keep(fake)
     propagator = _FakePropagator(gm, state)
     try:
-        with mode, torch.no_grad():
+        with fake_mode_lock(mode), mode, torch.no_grad():
             propagator.run(*fake_inputs, enable_io_processing=False)
     finally:  # a run that failed half-way may have changed a kept fake (x.unsqueeze_) all the same
         if hasattr(ctx, "fake_state"):

@@ -23,6 +23,7 @@ import json
 import logging
 import re
 import statistics
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,13 +93,19 @@ def _clip(text: str, width: int) -> str:
 
 
 class _ArtifactCatcher(logging.Handler):
-    """Collects the provenance artifacts Inductor emits through ``trace_structured``."""
+    """Collects the provenance artifacts Inductor emits through ``trace_structured`` in
+    the thread that created it. torch emits them only through its structured-trace logger,
+    a process-wide object: the handler sits there for the length of one compile, and
+    ignores what compiles in other threads log meanwhile."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.payloads: list[dict[str, Any]] = []
+        self.thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread:
+            return
         metadata = getattr(record, "metadata", None)
         artifact = metadata.get("artifact") if isinstance(metadata, dict) else None
         if isinstance(artifact, dict) and artifact.get("name") == _ARTIFACT:

@@ -38,7 +38,8 @@ from fxopt.quant import tuning_cache
 _log = logging.getLogger(__name__)
 
 #: the M buckets (see :func:`m_bucket`): one-row decode, two rows, small batches, and three
-#: sizes of prefill; every M above the last shares :data:`LARGE_M`
+#: sizes of prefill; every M above the last shares :data:`LARGE_M` (few buckets: under
+#: ``torch.compile`` each bucket a dynamic graph meets is one recompilation)
 M_BUCKETS = (1, 2, 16, 64, 256)
 LARGE_M = 4096
 #: the largest M at which the CUDA-core GEMV is among the candidates (its FMAs grow with M,
@@ -61,7 +62,9 @@ class Config:
 
     ``split_k`` programs share one tile's K range; ``fast_cvt`` picks the magic-number
     int8 conversion (1) or Triton's plain cast (0); ``block_m`` is the GEMM's tile of
-    rows (the GEMV takes all M rows at once).
+    rows (the GEMV takes all M rows at once); ``swap_ab`` is the GEMM's orientation:
+    ``y.T = w @ x.T`` (1, the converted weight is the left ``tl.dot`` operand) or
+    ``y = x @ w.T`` (0, the activation is).
     """
 
     block_n: int
@@ -71,10 +74,14 @@ class Config:
     split_k: int = 1
     block_m: int = 16
     fast_cvt: int = 1
+    swap_ab: int = 1
 
 
-#: a kernel ("gemv" or "gemm") and its configuration
-Candidate = tuple[str, Config]
+#: the kernel name of the weight-only reference (the weight dequantized by one pointwise
+#: kernel, then cuBLAS), a candidate above 16 rows (no configuration: ``(REFERENCE, None)``)
+REFERENCE = "reference"
+#: a kernel ("gemv", "gemm" or :data:`REFERENCE`) and its configuration
+Candidate = tuple[str, Config | None]
 
 #: (BLOCK_N, BLOCK_K, warps, stages) of the GEMV and of the GEMM at M <= 16, and
 #: (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages) of the GEMM above
@@ -86,6 +93,23 @@ _GEMM_SMALL_M = [(32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 256, 8
 _GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4), (128, 64, 128, 8, 3),
                  (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
                  (128, 128, 128, 8, 3), (128, 256, 64, 8, 4), (64, 256, 64, 4, 4), (256, 64, 64, 8, 3)]
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the GEMM in its normal orientation (swap_ab=0):
+#: the tiles of a bf16 GEMM on Hopper, 128-256 rows by 128-256 channels. Candidates for the
+#: tuner only, never the choice by shape: compiled for sm90 by Triton 3.6, the normal
+#: orientation writes the converted weight tile to shared memory each iteration and waits
+#: for each wgmma (``wgmma.wait_group 0`` in the loop), where swap-AB feeds it from registers
+#: and keeps 3-15 wgmma groups in flight (every tile here, ptxas on the PTX; no GPU needed)
+_GEMM_NORMAL = [(128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+                (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
+#: the choice by shape above 256 rows (:data:`M_BUCKETS`), for shapes the shipped table lacks:
+#: "gemm" (fxopt's swap-AB GEMM) or :data:`REFERENCE`; bench/int8_tune.py's run on the Llama
+#: MLP's layers prints which ("LARGE_M_BY_SHAPE should be ..."). The reference until that
+#: run says otherwise: it is the route the last H100 measurement timed above 256 rows
+LARGE_M_BY_SHAPE = REFERENCE
+#: fp32 accumulator values per thread a GEMM tile may hold (its tiles x BLOCK_M x BLOCK_N over
+#: 32 x warps threads): above 128 the accumulators spill (ptxas for sm90: every gated tile over
+#: it spilled 1.1-2.3 KB per thread, none at or under it)
+MAX_ACC_PER_THREAD = 128
 
 _tuning: bool | None = None
 _hinted = False
@@ -106,7 +130,9 @@ def m_bucket(m: Any) -> int:
 
 def candidates(bucket: int, kind: str | None = None, gated: bool = False) -> list[Candidate]:
     """The (kernel, configuration) pairs tried in M bucket ``bucket``, optionally of one
-    kernel only.
+    kernel only: the GEMV up to :data:`GEMV_MAX_M` rows, the GEMM (swap-AB; above 16 rows also
+    in its normal orientation; there, tiles whose accumulators fit :data:`MAX_ACC_PER_THREAD`)
+    and, above 16 rows, the :data:`REFERENCE`.
 
     ``gated`` (the SwiGLU form, two weight tiles per program) takes no K split.
     """
@@ -122,8 +148,12 @@ def candidates(bucket: int, kind: str | None = None, gated: bool = False) -> lis
             found += [("gemm", Config(bn, bk, w, st, split, 16, cvt)) for split in splits for cvt in (1, 0)
                       for bn, bk, w, st in _GEMM_SMALL_M]
         else:
-            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt)) for cvt in (1, 0)
-                      for bn, bm, bk, w, st in _GEMM_LARGE_M]
+            by_orientation = [(1, _GEMM_LARGE_M), (0, [(bn, bm, bk, w, st) for bm, bn, bk, w, st in _GEMM_NORMAL])]
+            found += [("gemm", Config(bn, bk, w, st, 1, bm, cvt, swap_ab)) for swap_ab, shapes in by_orientation
+                      for cvt in (1, 0) for bn, bm, bk, w, st in shapes
+                      if tiles * bm * bn <= MAX_ACC_PER_THREAD * 32 * w]
+    if kind == REFERENCE or (kind is None and bucket > 16):
+        found.append((REFERENCE, None))
     return found
 
 
@@ -186,7 +216,7 @@ def choose(key: tuple, found: list[Candidate], machine: str | None, family: str 
             return cached
         if time_ms is not None and tuning_enabled():
             winner = tune(key, found, time_ms)
-            tuning_cache.store(disk_key, winner[0], dataclasses.asdict(winner[1]))
+            tuning_cache.store(disk_key, winner[0], as_fields(winner[1]))
             return winner
         _hint_once(family)
     shipped = None
@@ -213,13 +243,20 @@ def tune(key: tuple, found: list[Candidate], time_ms: Callable[[Candidate, int],
     return min(finalists, key=lambda candidate: time_ms(candidate, 100))
 
 
+def as_fields(config: Config | None) -> dict[str, int]:
+    """A configuration as the fields a cache or table entry stores (none for the reference)."""
+    return {} if config is None else dataclasses.asdict(config)
+
+
 def heuristic(key: tuple, found: list[Candidate]) -> Candidate:
     """A configuration of ``found`` picked from the shape alone, by the reasoning of
     :mod:`fxopt.quant.triton_kernels`: a decode layer is bound by reading its weight, so
 
     - at M = 1 the CUDA-core GEMV (a tensor-core tile would waste >90% of its rows), at
       larger M the swap-AB GEMM, whose FMAs do not grow with M (on an H100 the GEMM won
-      every shape at M = 2, the GEMV the long-K one at M = 1);
+      every shape at M = 2, the GEMV the long-K one at M = 1), at every M swap-AB (see
+      ``_GEMM_NORMAL`` for why not the normal orientation); above 256 rows fxopt's GEMM or
+      the reference, as :data:`LARGE_M_BY_SHAPE` says;
     - enough programs to give every SM loads in flight (:data:`MIN_PROGRAMS`); among the
       tiles that make that many, the tallest M tile not taller than the M bucket (the
       weight is converted once per M tile), then the candidates' own order;
@@ -229,8 +266,12 @@ def heuristic(key: tuple, found: list[Candidate]) -> Candidate:
     bucket, rows, k, _dtype, _bias, _kind, gated = key
     n = rows // 2 if gated else rows
     kinds = {kind for kind, _ in found}
+    if kinds == {REFERENCE} or (LARGE_M_BY_SHAPE == REFERENCE and bucket > M_BUCKETS[-1]
+                                and (REFERENCE, None) in found):
+        return REFERENCE, None
     kind = "gemv" if "gemv" in kinds and (bucket == 1 or "gemm" not in kinds) else "gemm"
     mine = [config for kd, config in found if kd == kind]
+    mine = [config for config in mine if config.swap_ab] or mine
     lowest = min(config.block_m for config in mine)
     whole = [c for c in mine if c.split_k == 1 and c.block_m <= max(bucket, lowest)]
 
@@ -255,6 +296,9 @@ def _as_candidate(entry: tuple[str, dict[str, int]] | list | None,
     of an older :class:`Config`, or is no longer among ``found``."""
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], dict)):
         return None
+    if entry[0] == REFERENCE:
+        candidate = REFERENCE, None
+        return candidate if candidate in found and not entry[1] else None
     try:
         candidate = entry[0], Config(**entry[1])
     except TypeError:

@@ -66,16 +66,37 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
     declare_op(f"fxopt_quant::{name}", pure=True)
 
 
-def _runs_triton(x: Tensor) -> bool:
-    """Whether a weight-only op on ``x`` runs its Triton kernels (CUDA with triton
-    installed, at most ``int8_configs.M_BUCKETS[-1]`` rows) rather than its reference
-    definition. Above that many rows a GEMM is bound by compute, not by reading the weight,
-    and the reference (the weight dequantized by one pointwise kernel, then cuBLAS) beat
-    fxopt's mixed-input Triton GEMM on an H100 (bench/RESULTS.md); the row count's bucket
-    guards a graph compiled for dynamic M."""
-    if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
-        return False
-    return int8_configs.m_bucket(x.numel() // max(x.shape[-1], 1)) != int8_configs.LARGE_M
+def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
+                      scales: Tensor | None = None) -> str | None:
+    """Why a weight-only op on ``x`` and the weight ``w`` computes its reference definition
+    instead of launching its Triton kernels, or None where it launches them. ``group_size``
+    and ``scales``: the int4 op's. The kernels take:
+
+    - CUDA tensors, with triton installed;
+    - a weight with unit stride along K (int4: its scales too; any row stride): a weight of
+      other strides would need a copy per call, and the reference reads it where it is;
+    - int4: K a multiple of ``group_size``, a power of two of at least 32 (the kernels read
+      whole groups, half a group per ``tl.dot`` operand), and at most 256 rows of ``x``:
+      above them a GEMM is bound by compute, where dequantizing the weight once and cuBLAS
+      win. The int8 kernels take every M: above 16 rows the reference is one of their
+      candidates (``fxopt.quant.int8_configs``), picked per M bucket where it measured
+      faster. The row count's bucket guards a graph compiled for dynamic M.
+    """
+    if w.stride(-1) != 1:
+        return f"weight strides {tuple(w.stride())}: the kernels read K with unit stride"
+    k = x.shape[-1]
+    if group_size is not None:
+        if scales is not None and scales.stride(-1) != 1:
+            return f"scale strides {tuple(scales.stride())}: the kernels read groups with unit stride"
+        if group_size < 32 or group_size & (group_size - 1) or k % group_size:
+            return f"group size {group_size} with K = {k}: the kernels take powers of two >= 32 dividing K"
+    if x.device.type != "cuda":
+        return f"{x.device.type} tensors (the Triton kernels run on CUDA)"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if group_size is not None and int8_configs.m_bucket(x.numel() // max(k, 1)) == int8_configs.LARGE_M:
+        return f"above {int8_configs.M_BUCKETS[-1]} rows the int4 op dequantizes and calls cuBLAS"
+    return None
 
 
 def _triton_op(name: str):
@@ -248,7 +269,7 @@ _define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tenso
                   int8_dynamic_linear)
 @_triton_op("int8_weight_only_linear")
 def _int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    if not _runs_triton(x):
+    if weight_only_route(x, w) is not None:
         return int8_weight_only_linear_reference(x, w, w_scale, bias)
     from fxopt.quant import triton_kernels
 
@@ -257,7 +278,7 @@ def _int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor
 
 @_triton_op("int8_weight_only_swiglu")
 def _int8_weight_only_swiglu(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
-    if not _runs_triton(x):
+    if weight_only_route(x, w) is not None:
         return int8_weight_only_swiglu_reference(x, w, w_scale, bias)
     from fxopt.quant import triton_kernels
 
@@ -267,7 +288,7 @@ def _int8_weight_only_swiglu(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor
 @_triton_op("int4_weight_only_linear")
 def _int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
                              bias: Tensor | None) -> Tensor:
-    if not _runs_triton(x):
+    if weight_only_route(x, w, group_size, scales) is not None:
         return int4_weight_only_linear_reference(x, w, scales, group_size, bias)
     from fxopt.quant import triton_kernels
 

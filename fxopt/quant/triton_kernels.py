@@ -10,9 +10,18 @@ Two int8 kernels; :func:`tuned_config` picks one and its configuration per shape
 - ``_gemv``: for M <= GEMV_MAX_M. Each program owns BLOCK_N output channels and a slice
   of K, multiplying and summing in fp32 on CUDA cores (a tensor-core tile would waste
   >90% of its rows at M = 1).
-- ``_gemm``: for any M. It computes ``y.T = w @ x.T`` ("swap AB"): the converted int8
-  weight tile is the left operand, which Hopper's wgmma may take from registers, and
-  small M becomes the tile's narrow side, so M = 16 wastes nothing.
+- ``_gemm``: for any M, in two orientations (``SWAP_AB``). Swap-AB computes
+  ``y.T = w @ x.T``: the converted int8 weight tile is the left operand, which Hopper's
+  wgmma takes from registers, and small M becomes the tile's narrow side, so M = 16
+  wastes nothing. Triton 3.6 keeps several of those wgmma in flight while the next tile
+  converts. The normal orientation ``y = x @ w.T`` (the activation the left operand, as in
+  a bf16 GEMM, the output stored row by row) must write the converted tile to shared
+  memory, and Triton then waits for each wgmma before the next conversion (compiled for
+  sm90: ``wgmma.wait_group 0`` in the loop): it is a candidate for the tuner above 16 rows,
+  never the choice by shape. (Swap-AB at large M ran at 250-380 TFLOP/s on an H100 against
+  cuBLAS bf16's 600-700, bench/RESULTS.md.) Above 16 rows the weight-only reference
+  (dequantize, then cuBLAS) is a candidate too (:func:`launch`), so a shape where cuBLAS
+  wins keeps it.
 
 Both may split K over SPLIT_K programs (fp32 partial sums, then ``_splitk_reduce``
 applies the scale and bias): a layer with few output channels and a long K (Llama's
@@ -158,7 +167,7 @@ def _gemv(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
 def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
           HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
-          SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr, GATED: tl.constexpr):
+          SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr, GATED: tl.constexpr, SWAP_AB: tl.constexpr):
     # grouped launch order: programs that run together share weight tiles in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -167,21 +176,36 @@ def _gemm(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, K, stride_xm, stride_w
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BLOCK_K):
         k_mask = (k0 + rk) < K
         w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
         w_mask = (rn[:, None] < N) & k_mask[None, :]
-        xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
-                     mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
         w = tl.load(w_ptrs, mask=w_mask, other=0)
-        acc = tl.dot(_to_operand(w, xt.dtype, FAST_CVT), xt, acc, input_precision=PRECISION)
         if GATED:
             w_up = tl.load(w_ptrs + N * stride_wn, mask=w_mask, other=0)
-            acc_up = tl.dot(_to_operand(w_up, xt.dtype, FAST_CVT), xt, acc_up, input_precision=PRECISION)
-    _finish(acc, acc_up, rm[None, :], rn[:, None], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
-            HAS_BIAS, SPLIT_K, GATED)
+        if SWAP_AB:
+            # y.T = w @ x.T: the converted weight is the left operand (from registers)
+            xt = tl.load(x_ptr + rm[None, :] * stride_xm + (k0 + rk)[:, None],
+                         mask=(rm[None, :] < M) & k_mask[:, None], other=0.0)
+            acc = tl.dot(_to_operand(w, xt.dtype, FAST_CVT), xt, acc, input_precision=PRECISION)
+            if GATED:
+                acc_up = tl.dot(_to_operand(w_up, xt.dtype, FAST_CVT), xt, acc_up, input_precision=PRECISION)
+        else:
+            # y = x @ w.T: the activation tile is the left operand, the converted weight the right
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                        mask=(rm[:, None] < M) & k_mask[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(_to_operand(w, x.dtype, FAST_CVT)), acc, input_precision=PRECISION)
+            if GATED:
+                acc_up = tl.dot(x, tl.trans(_to_operand(w_up, x.dtype, FAST_CVT)), acc_up,
+                                input_precision=PRECISION)
+    if SWAP_AB:
+        _finish(acc, acc_up, rm[None, :], rn[:, None], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+                HAS_BIAS, SPLIT_K, GATED)
+    else:
+        _finish(acc, acc_up, rm[:, None], rn[None, :], pid_k, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_ym,
+                HAS_BIAS, SPLIT_K, GATED)
 
 
 @triton.jit
@@ -228,7 +252,7 @@ def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, b
     else:
         precision = "ieee" if x2d.dtype == torch.float32 else "tf32"
         _traced(_gemm)[(grid_n * triton.cdiv(m, config.block_m), split)](
-            *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, **meta)
+            *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, SWAP_AB=config.swap_ab, **meta)
     if split > 1:
         _traced(_splitk_reduce)[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
                                                              HAS_BIAS=bias is not None, BLOCK=1024)
@@ -308,7 +332,7 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
             operands = _timing_operands(m, bucket, w, k, x2d.dtype, bias is not None, gated)
             try:
                 with _disable_current_modes(), set_wrap_triton_enabled(False):
-                    t = _time_ms(lambda: run_int8(*candidate, *operands, gated), x2d.device, reps)
+                    t = _time_ms(lambda: launch(candidate, *operands, gated), x2d.device, reps)
             except triton.runtime.errors.OutOfResources:
                 return None
             TUNING_TIMES.setdefault(key, {})[candidate] = t
@@ -450,8 +474,25 @@ def _linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None, kernel: 
     bias = bias.contiguous() if bias is not None else None
     if config is None:
         kernel, config = tuned_config(x2d, w, scale, bias, y, kernel, gated)
-    run_int8(kernel or ("gemv" if m <= GEMV_MAX_M else "gemm"), config, x2d, w, scale, bias, y, gated)
+    y = launch((kernel or ("gemv" if m <= GEMV_MAX_M else "gemm"), config), x2d, w, scale, bias, y, gated)
     return y.reshape(*lead, n)
+
+
+def launch(candidate: Candidate, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: Tensor,
+           gated: bool) -> Tensor:
+    """Run ``candidate`` and return its ``[M, N]`` result: a Triton kernel writes ``y``; the
+    ``"reference"`` candidate (the weight dequantized by one pointwise kernel, then cuBLAS)
+    returns a new tensor. The reference is a candidate because at large M a GEMM is bound by
+    the tensor cores, where cuBLAS may beat the mixed-input Triton GEMM: the tuner times it
+    like the kernels, and the shipped table may pick it per M bucket."""
+    kind, config = candidate
+    if kind == int8_configs.REFERENCE:
+        from fxopt.quant import ops
+
+        reference = ops.int8_weight_only_swiglu_reference if gated else ops.int8_weight_only_linear_reference
+        return reference(x2d, w, scale, bias)
+    run_int8(kind, config, x2d, w, scale, bias, y, gated)
+    return y
 
 
 def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,

@@ -45,6 +45,7 @@ from fxopt.errors import (
 )
 from fxopt.numerics import Mismatch, compare, exact_mismatch, is_low_precision
 from fxopt.provenance import PROVENANCE_KEY, origins
+from fxopt.seeding import seeded
 from fxopt.testing.inputs import random_inputs
 
 Model = nn.Module | Callable[..., Any]
@@ -151,8 +152,7 @@ def _clone(value: Any) -> Any:
 def _run(model: Model, inputs: tuple[Any, ...], seed: int) -> tuple[Any, tuple[Any, ...]]:
     """Outputs of ``model`` on clones of ``inputs``, and those clones afterwards."""
     args = _clone(inputs)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+    with seeded(model, seed), torch.no_grad():
         out = model(*args)
     return _clone(out), args
 
@@ -314,8 +314,7 @@ def _record(gm: fx.GraphModule, inputs: tuple[Any, ...], seed: int) -> tuple[dic
     """Every node's value when computed, and at the end of the run."""
     recorder = _Recorder(gm)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(seed)
+        with seeded(gm, seed), torch.no_grad():
             recorder.run(*_clone(inputs))
     except Exception:
         pass  # what was recorded up to the failure still localizes

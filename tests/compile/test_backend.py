@@ -107,7 +107,7 @@ def test_training_graph_is_left_to_autograd():
     assert "inference-only" in skipped["constant_fold"]
     assert "training graph" in skipped["freeze_parameters"]
     assert "sigmoid" in graph.code  # the parameter still gets its gradient through it
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
     # BatchNorm's running statistics were updated exactly as in eager
     torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)

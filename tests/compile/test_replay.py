@@ -152,9 +152,10 @@ def test_the_signature_tells_apart_every_thing_a_capture_is_fixed_to():
     base = signature([x, 4])
     assert base == signature([torch.randn(4, 3, 8, 8), 4])  # values do not matter
     for other in ([torch.randn(2, 3, 8, 8), 4], [x.contiguous(memory_format=torch.channels_last), 4],
-                  [x.half(), 4], [x, 5], [x, 4.0], [x]):
+                  [x.half(), 4], [x, 5], [x, True], [x]):
         assert signature(other) != base, other
     assert signature([x, [1]]) is None
+    assert signature([x, 4.0]) is None  # refusal admits no float input: no capture is keyed by one
     assert describe(signature([x, 4])) == "float32[4, 3, 8, 8]/(192, 64, 8, 1), 4"
 
 
@@ -192,14 +193,17 @@ def test_the_shape_cache_remembers_a_bounded_number_of_evicted_keys():
 
 def test_the_book_logs_first_calls_evictions_and_the_bound_with_a_warning():
     """What GraphReplay runs for each signature, decided without a GPU: first calls run
-    plainly; a new shape evicts the least recently used; an evicted shape coming back to a
-    full cache runs plainly, visibly (a warning, once, and the log)."""
+    plainly; a new shape that comes back to a full cache evicts the least recently used;
+    an evicted shape coming back to a full cache runs plainly, visibly (a warning, once,
+    and the log)."""
     book = ShapeBook(2)
     keys = [signature([torch.empty(b, 4)]) for b in (2, 3, 4)]
     entry, first = book.lookup(keys[0])
     assert first and book.lookup(keys[0]) == (entry, False)  # the second call: capture it
     book.lookup(keys[1])
-    book.lookup(keys[2])  # evicts keys[0]
+    assert book.lookup(keys[2]) == (None, False)  # seen once: plain, nothing evicted
+    entry, first = book.lookup(keys[2])  # back: evicts keys[0], captured at once
+    assert entry is not None and not first and list(book.cache.entries) == keys[1:]
     with pytest.warns(RuntimeWarning, match="replay_shapes=2"):
         assert book.lookup(keys[0]) == (None, False)
     with warnings.catch_warnings():
@@ -209,8 +213,39 @@ def test_the_book_logs_first_calls_evictions_and_the_bound_with_a_warning():
     assert (log.evictions, log.at_bound, log.in_capture) == (1, 2, 0)
     assert list(log.shapes) == [describe(k) for k in keys]
     assert log.shapes[describe(keys[0])].startswith("plain: the cache of 2 captured shapes is full")
-    assert log.shapes[describe(keys[2])].startswith("first call: plain")
+    assert log.shapes[describe(keys[2])] == "came back: captured"
     assert "1 eviction(s), 2 call(s) plain at the bound of 2 shapes" in str(log)
+
+
+def test_a_shape_seen_once_at_a_full_cache_evicts_no_capture():
+    """Epochs of full batches, each ending with a partial one: the partial batch runs
+    plainly every epoch and never evicts the capture the full batches keep using."""
+    book = ShapeBook(1)
+    full, last = signature([torch.empty(32, 4)]), signature([torch.empty(7, 4)])
+    entry, _ = book.lookup(full)
+    for _epoch in range(3):
+        assert book.lookup(full) == (entry, False)
+        assert book.lookup(last) == (None, False)  # the one-off runs plainly
+        assert list(book.cache.entries) == [full]
+    assert book.log.evictions == 0
+    assert book.log.shapes[describe(last)].startswith("plain: the cache of 1 captured shapes is full and in use")
+
+
+def test_a_waiting_shape_is_captured_when_it_is_more_recent_than_the_least_recent_capture():
+    """Bound 2, captures a and b: c waits; after a is used again, c comes back while b, now
+    the least recently used, has not been: c takes b's place. The waiting list is bounded."""
+    book = ShapeBook(2)
+    a, b, c, *others = (signature([torch.empty(n, 4)]) for n in range(1, 8))
+    for key in (a, a, b, b):
+        book.lookup(key)
+    assert book.lookup(c) == (None, False)
+    book.lookup(a)  # b is now the least recently used, and unused since c's call
+    entry, first = book.lookup(c)
+    assert entry is not None and not first and list(book.cache.entries) == [a, c]
+    book.cache.memory = 2
+    for key in others:
+        assert book.lookup(key) == (None, False)
+    assert list(book.waiting) == others[-2:]
 
 
 def test_training_and_cpu_inputs_are_refused():

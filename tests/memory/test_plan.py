@@ -51,7 +51,7 @@ intervals = st.lists(
 @given(intervals)
 def test_greedy_placements_never_overlap_and_respect_the_bound(buffers):
     solution = solve(buffers, time_limit=0)
-    for b, offset in zip(buffers, solution.offsets):
+    for b, offset in zip(buffers, solution.offsets, strict=True):
         b.offset = offset
     assert not brute_overlaps(buffers)
     verify_placement(buffers)
@@ -127,7 +127,7 @@ def test_search_reaches_the_bound_where_greedy_cannot():
     buffers = [Buffer("a", 0, 1, 2), Buffer("b", 2, 3, 2), Buffer("c", 0, 0, 1), Buffer("d", 1, 2, 1),
                Buffer("e", 3, 3, 1), Buffer("f", 1, 1, 1)]
     solution = solve(buffers, time_limit=2.0)
-    for b, offset in zip(buffers, solution.offsets):
+    for b, offset in zip(buffers, solution.offsets, strict=True):
         b.offset = offset
     verify_placement(buffers)
     assert solution.arena == brute_lower_bound(buffers)
@@ -170,7 +170,7 @@ def load_minimalloc(name: str) -> list[Buffer]:
 def test_minimalloc_instances_fit_their_capacity(name):
     buffers = load_minimalloc(name)
     solution = solve(buffers, capacity=1048576, time_limit=60)
-    for b, offset in zip(buffers, solution.offsets):
+    for b, offset in zip(buffers, solution.offsets, strict=True):
         b.offset = offset
     verify_placement(buffers, capacity=1048576)
 

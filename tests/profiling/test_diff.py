@@ -72,5 +72,7 @@ def test_optimize_profile_needs_inputs_and_leaves_the_report_alone_otherwise():
         fxopt.optimize(model, profile=fxopt.profile)
     with pytest.raises(fxopt.InputError, match="profile=fxopt.profile.*not True"):
         fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),), profile=True)
-    gm = fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),))
-    assert fxopt.report_of(gm).profile is None
+    for off in ({}, {"profile": None}, {"profile": False}):  # False, like None, is no profiling
+        gm = fxopt.optimize(model, example_inputs=(torch.randn(1, 8, 4, 4),), **off)
+        assert fxopt.report_of(gm).profile is None and fxopt.report_of(gm).records, off
+    assert fxopt.report_of(fxopt.optimize(model, profile=False)).profile is None  # needs no inputs

@@ -58,16 +58,98 @@ def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype, 
     assert "clone" not in code  # the weight is read where it is, never copied
 
 
-def test_above_256_rows_the_op_is_dequantize_then_cublas():
-    """M > 256: the reference (one pointwise dequantization, then cuBLAS), not the Triton GEMM."""
-    w, s, wf = _int8(96, 512)
+#: one M per bucket and its edges, 1 .. 4096 (int8_configs.m_bucket)
+EVERY_M = (1, 2, 3, 16, 17, 32, 64, 100, 128, 256, 257, 512, 1024, 2048, 4096)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_int8_numerics_at_every_m_bucket_by_default(gated):
+    """The default route at every M (decode GEMV, swap-AB GEMM, above 256 rows the GEMM or
+    whatever the shipped table picks) against float32 math: >= 35 dB against the dequantized
+    weight (the kernels are exact up to bf16 rounding), >= 26 dB against the unquantized
+    Gaussian weight (the issue's accuracy floor)."""
+    n, k = 352, 1024  # N not a multiple of the wide tiles
+    weight = torch.randn(2 * n if gated else n, k, device="cuda") / k ** 0.5
+    s = weight.abs().amax(dim=1) / 127
+    w = torch.round(weight / s[:, None]).clamp(-127, 127).to(torch.int8)
+    op = ops.int8_weight_only_swiglu if gated else ops.int8_weight_only_linear
+
+    def reference(x, wf):
+        out = x.float() @ wf.t()
+        return F.silu(out[:, :n]) * out[:, n:] if gated else out
+
+    with torch.no_grad():
+        for m in EVERY_M:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = op(x, w, s, None)
+            assert out.shape == (m, n) and out.dtype == torch.bfloat16
+            assert sqnr(reference(x, w.float() * s[:, None]), out) > 35, m
+            assert sqnr(reference(x, weight), out) >= 26, m
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_every_large_m_candidate_on_the_gpu(gated):
+    """Each configuration the tuner may pick above 256 rows (both orientations, both int8
+    conversions, the reference), bf16 on the tensor cores (what the interpreter cannot check),
+    on a ragged shape: M, N and K not multiples of any tile."""
+    from fxopt.quant import int8_configs, triton_kernels
+
+    n, k, m = 200, 1000, 300
+    w, s, wf = _int8(2 * n if gated else n, k)
+    bias = torch.randn(w.shape[0], device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = F.linear(x.float(), wf, bias.float())
+    expected = F.silu(out[:, :n]) * out[:, n:] if gated else out
+    fn = triton_kernels.int8_weight_only_swiglu if gated else triton_kernels.int8_weight_only_linear
+    for kernel, config in int8_configs.candidates(int8_configs.LARGE_M, gated=gated):
+        assert sqnr(expected, fn(x, w, s, bias, kernel=kernel, config=config)) > 35, (kernel, config)
+
+
+@pytest.mark.parametrize("by_shape", ["gemm", "reference"])
+def test_above_256_rows_the_choice_by_shape_reaches_inductors_code(by_shape, monkeypatch):
+    """M > 256 on a shape without a table entry: fxopt's mixed-input GEMM compiled into
+    Inductor's code (no weight-sized dequantization, no cuBLAS), or with the switch set to
+    the reference, one pointwise dequantization and cuBLAS; the same numbers either way."""
+    from fxopt.quant import int8_configs, triton_kernels
+
+    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", by_shape)
+    monkeypatch.setattr(triton_kernels, "_TUNED", {})
+    w, s, wf = _int8(80, 512)
     compiled = torch.compile(lambda x: ops.int8_weight_only_linear(x, w, s, None), fullgraph=True)
     x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         out, codes = run_and_get_code(compiled, x)
     code = "\n".join(codes)
-    assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
+    if by_shape == "gemm":
+        assert "_gemm" in code and "extern_kernels.mm" not in code
+    else:
+        assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
     assert sqnr(x.float() @ wf.t(), out) > 35
+
+
+def test_shapes_the_kernels_cannot_take_compute_the_reference():
+    """A weight strided along K, int4 groups the kernels cannot read: the op computes its
+    reference (bit for bit: the same aten calls), and weight_only_route says why. Odd row
+    strides of x and w are the kernels' (they take any row stride)."""
+    from fxopt.quant.ops import (
+        int4_weight_only_linear_reference,
+        int8_weight_only_linear_reference,
+        weight_only_route,
+    )
+
+    x = torch.randn(40, 96, device="cuda", dtype=torch.bfloat16)
+    wt = torch.randint(-127, 128, (96, 64), dtype=torch.int8, device="cuda").t()  # [64, 96], K stride 64
+    s = torch.rand(64, device="cuda") / 500
+    assert "weight strides" in weight_only_route(x, wt)
+    assert torch.equal(ops.int8_weight_only_linear(x, wt, s, None), int8_weight_only_linear_reference(x, wt, s, None))
+    wide = torch.randint(-127, 128, (64, 101), dtype=torch.int8, device="cuda")[:, :96]  # row stride 101
+    xs = torch.randn(40, 99, device="cuda", dtype=torch.bfloat16)[:, :96]  # row stride 99
+    assert weight_only_route(xs, wide) is None
+    assert sqnr(xs.float() @ (wide.float() * s[:, None]).t(), ops.int8_weight_only_linear(xs, wide, s, None)) > 35
+    packed, scales = pack_int4(torch.randn(64, 96, device="cuda"), 48)  # 48: not a power of two
+    assert "group size 48" in weight_only_route(x, packed, 48, scales)
+    assert torch.equal(ops.int4_weight_only_linear(x, packed, scales, 48, None),
+                       int4_weight_only_linear_reference(x, packed, scales, 48, None))
 
 
 def test_int4_weight_only_eager_and_compiled():

@@ -210,6 +210,9 @@ def test_heuristic_returns_a_candidate_of_the_right_kernel(m, n, k, gated, kind)
         assert picked[0] == kind
     elif m == 1:  # a tensor-core tile would waste >90% of its rows
         assert picked[0] == "gemv"
+    elif key[0] > 256 and int8_configs.LARGE_M_BY_SHAPE == int8_configs.REFERENCE:
+        assert picked == (int8_configs.REFERENCE, None)
+        return
     elif m > 1:  # on an H100 the GEMM won every shape at M = 2
         assert picked[0] == "gemm"
     # no M tile taller than the rows when a shorter one exists
@@ -233,9 +236,72 @@ def test_heuristic_fills_the_gpu_before_growing_the_m_tile():
     kind, config = heuristic(key, candidates(256))
     programs = -(-4096 // config.block_n) * -(-256 // config.block_m)
     assert kind == "gemm" and programs >= int8_configs.MIN_PROGRAMS
-    taller = [c for _, c in candidates(256) if c.block_m > config.block_m]
+    taller = [c for kd, c in candidates(256)
+              if kd == "gemm" and c.swap_ab == config.swap_ab and c.block_m > config.block_m]
     assert taller and all(-(-4096 // c.block_n) * -(-256 // c.block_m) < int8_configs.MIN_PROGRAMS
                           for c in taller)
+
+
+LARGE = (int8_configs.LARGE_M, 4096, 11008, torch.bfloat16, False, None, False)
+
+
+@pytest.mark.parametrize("bucket", [16, 64, 256, int8_configs.LARGE_M])
+def test_heuristic_picks_swap_ab_at_every_m(bucket, monkeypatch):
+    """The normal orientation is a candidate for the tuner above 16 rows, never the choice by
+    shape (Triton waits for each of its wgmma: int8_configs._GEMM_NORMAL)."""
+    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", "gemm")
+    for gated in (False, True):
+        key = (bucket, 2 * 4096 if gated else 4096) + LARGE[2:6] + (gated,)
+        found = candidates(bucket, gated=gated)
+        kind, config = heuristic(key, found)
+        assert kind == "gemm" and config.swap_ab == 1
+        assert bucket == 16 or any(kd == "gemm" and not c.swap_ab for kd, c in found)
+
+
+def test_choice_by_shape_above_256_rows_follows_its_switch(monkeypatch):
+    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", int8_configs.REFERENCE)
+    assert heuristic(LARGE, candidates(int8_configs.LARGE_M)) == (int8_configs.REFERENCE, None)
+    assert heuristic(LARGE, candidates(int8_configs.LARGE_M, "gemm"))[0] == "gemm"  # a forced kernel
+    key256 = (256,) + LARGE[1:]
+    assert heuristic(key256, candidates(256))[0] == "gemm"  # up to 256 rows: fxopt's GEMM
+
+
+def test_large_m_candidates_keep_their_accumulators_in_registers():
+    """Gated tiles hold two accumulators: the tiles whose accumulators would spill (ptxas
+    for sm90: 1.1-2.3 KB per thread) are not candidates, in either orientation."""
+    for gated, tiles in ((False, 1), (True, 2)):
+        large = [c for kd, c in candidates(int8_configs.LARGE_M, gated=gated) if kd == "gemm"]
+        assert {c.swap_ab for c in large} == {0, 1}
+        assert all(tiles * c.block_m * c.block_n <= 128 * 32 * c.num_warps for c in large)
+    plain = {(c.block_m, c.block_n, c.swap_ab) for kd, c in candidates(int8_configs.LARGE_M) if kd == "gemm"}
+    gated = {(c.block_m, c.block_n, c.swap_ab) for kd, c in candidates(int8_configs.LARGE_M, gated=True)
+             if kd == "gemm"}
+    assert (128, 256, 0) in plain and (256, 128, 1) in plain
+    assert (128, 256, 0) not in gated and (256, 128, 1) not in gated and (128, 128, 1) in gated
+
+
+def test_reference_is_a_candidate_above_16_rows_and_loads_from_a_table(monkeypatch):
+    reference = (int8_configs.REFERENCE, None)
+    assert reference in candidates(64) and reference in candidates(int8_configs.LARGE_M)
+    assert reference not in candidates(16) and reference not in candidates(int8_configs.LARGE_M, "gemm")
+    assert candidates(1, int8_configs.REFERENCE) == [reference]  # forced, at any M
+    found = candidates(int8_configs.LARGE_M)
+    use_table(monkeypatch, {tuning_cache.entry_key("sm90", LARGE): ["reference", {}]})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == reference
+    # with fields, or where it is no candidate (M <= 16), the entry is ignored
+    use_table(monkeypatch, {tuning_cache.entry_key("sm90", LARGE): ["reference", {"block_n": 64}],
+                            tuning_cache.entry_key("sm90", KEY): ["reference", {}]})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == heuristic(LARGE, found)
+    assert choose(KEY, FOUND, MACHINE, "sm90", no_timing) == heuristic(KEY, FOUND)
+
+
+def test_tuned_reference_is_cached_and_read_back(monkeypatch):
+    int8_configs.set_int8_tuning(True)
+    found = candidates(int8_configs.LARGE_M)
+    reference = (int8_configs.REFERENCE, None)
+    assert choose(LARGE, found, MACHINE, "sm90", lambda c, reps: 1.0 if c == reference else 2.0) == reference
+    assert tuning_cache.lookup(tuning_cache.entry_key(MACHINE, LARGE)) == ("reference", {})
+    assert choose(LARGE, found, MACHINE, "sm90", no_timing) == reference
 
 
 def test_shipped_table_is_package_data_and_valid():
@@ -301,3 +367,49 @@ def test_converter_rejects_a_file_that_is_not_a_tuning_cache(tmp_path):
     converter = load_converter()
     with pytest.raises(ValueError, match="not a tuning cache key"):
         converter.table_entries({"sm90|1|2|3": ["gemv", {}]}, "sm90")
+
+
+def test_shapes_the_kernels_cannot_take_route_to_the_reference_with_the_reason():
+    """The route is decided before any kernel: a weight strided along K, int4 groups the
+    kernels cannot read; each says why, and the op's result is the reference's."""
+    from fxopt.quant.formats import pack_int4
+    from fxopt.quant.ops import int4_weight_only_linear_reference, ops, weight_only_route
+
+    x = torch.randn(3, 64)
+    w = torch.randint(-127, 128, (64, 48), dtype=torch.int8).t()  # [48, 64], K stride 48
+    assert "weight strides (1, 48)" in weight_only_route(x, w)
+    assert "weight strides (128, 2)" in weight_only_route(x, torch.zeros(48, 128, dtype=torch.int8)[:, ::2])
+    assert weight_only_route(x, torch.zeros(48, 128, dtype=torch.int8)[:, :64]).startswith("cpu")  # row stride 128
+    assert weight_only_route(x, w.contiguous()) == "cpu tensors (the Triton kernels run on CUDA)"
+    packed, scales = pack_int4(torch.randn(16, 96), 32)
+    x96 = torch.randn(2, 96)
+    assert "group size 48 with K = 96" in weight_only_route(x96, packed, 48, scales)
+    assert "group size 64 with K = 96" in weight_only_route(x96, packed, 64, scales)
+    assert "scale strides" in weight_only_route(x96, packed, 32, scales.t().contiguous().t())
+    assert weight_only_route(x96, packed, 32, scales).startswith("cpu tensors")
+    torch.testing.assert_close(ops.int4_weight_only_linear(x96, packed, scales, 32, None),
+                               int4_weight_only_linear_reference(x96, packed, scales, 32, None))
+
+
+def test_tuning_script_keeps_each_buckets_best_worst_case(monkeypatch):
+    """bench/int8_tune.py's choice per (M bucket, layer): the candidate whose worst ratio
+    to bf16 over the bucket's M values is best (not the fastest at one M); a bucket with an
+    M left untimed is not written; every entry it writes is a candidate the lookup takes."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("int8_tune", ROOT / "bench" / "int8_tune.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    large = candidates(int8_configs.LARGE_M)
+    steady, spiky = large[3], large[7]  # spiky: fastest at M = 512, slowest at 4096
+
+    def row(m, times, bucket=int8_configs.LARGE_M):
+        return {"M": m, "shape": "down", "bucket": bucket, "bf16_ms": 1.0,
+                "candidates": [{"kernel": k, "config": int8_configs.as_fields(c), "ms": times.get((k, c), 1.5)}
+                               for k, c in candidates(bucket)]}
+
+    rows = [row(512, {steady: 0.9, spiky: 0.5}), row(4096, {steady: 0.95, spiky: 1.3}),
+            row(64, {candidates(64)[0]: 0.5}, bucket=64)]  # bucket 64 also needs M = 32: not written
+    table = tune.winners(rows, [512, 4096, 32, 64], "sm90")
+    key = tuning_cache.entry_key("sm90", (int8_configs.LARGE_M, 4096, 11008, torch.bfloat16, False, None, False))
+    assert list(table) == [key]
+    assert int8_configs._as_candidate(table[key], large) == steady

@@ -320,7 +320,7 @@ def test_compiled_training_steps_match_eager():
             loss.backward()
             opt.step()
     assert compiled_model.steps == 2 and compiled_model.observers_frozen
-    for (name, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+    for (name, a), b in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
 

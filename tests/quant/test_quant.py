@@ -195,13 +195,13 @@ def test_weight_only_meets_sqnr_targets_and_matches_dequantized_reference():
     report = fq.accuracy_report(model, q, (x,))
     assert report.min_layer_sqnr >= 40 and report.end_to_end.sqnr >= 35
     assert report.end_to_end.top1 >= 0.95
-    # the same network with every weight replaced by its dequantized int8 weight
-    ref = _mlp()
-    ref.load_state_dict(model.state_dict())
+    # the same network with every weight quantized by the test itself: symmetric int8 per
+    # output channel (absmax / 127), rounded, clamped to -127..127, dequantized
+    ref = copy.deepcopy(model)
     for i in (0, 2, 4):
-        name = f"{i}_weight"
-        w = getattr(q, f"{name}_int8").float() * getattr(q, f"{name}_scale")[:, None]
-        ref[i].weight = nn.Parameter(w)
+        w = model[i].weight.detach()
+        scale = w.abs().amax(1, keepdim=True) / 127
+        ref[i].weight = nn.Parameter(torch.clamp(torch.round(w / scale), -127, 127) * scale)
     fresh = torch.randn(16, 128)
     torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
 
@@ -390,7 +390,40 @@ def test_int4_pack_round_trip_and_group_scales():
     torch.testing.assert_close(scales, w.reshape(6, 4, 64).abs().amax(-1) / 7)
 
 
-def test_int4_weight_only_mode_skips_what_it_cannot_pack():
+def test_int4_packing_is_the_layout_its_version_names(int4_by_hand):
+    """Packing 2, byte by byte: in group g, byte j holds element j (low nibble) and
+    element j + group/2 (high), each plus 8. Saved programs record this version: a change
+    of layout must raise ``INT4_FORMAT_VERSION`` and teach ``convert_int4`` the old one."""
+    from fxopt.quant.formats import INT4_FORMAT_VERSION, convert_int4, pack_int4
+
+    w, group = torch.randn(3, 128), 32
+    values, _ = int4_by_hand(w, group)
+    nibbles = (values + 8).to(torch.int64)
+    expected = torch.empty(3, 64, dtype=torch.int64)
+    for g in range(128 // group):
+        for j in range(group // 2):
+            low, high = nibbles[:, g * group + j], nibbles[:, g * group + j + group // 2]
+            expected[:, g * group // 2 + j] = low + 16 * high
+    packed, _ = pack_int4(w, group)
+    assert INT4_FORMAT_VERSION == 2 and torch.equal(packed.to(torch.int64), expected)
+    # packing 1 paired element j of the row with element j + K/2
+    rows = (nibbles[:, :64] + 16 * nibbles[:, 64:]).to(torch.uint8)
+    assert torch.equal(convert_int4(rows, group, 1), packed)
+    with pytest.raises(ValueError, match="no conversion from int4 packing version 3"):
+        convert_int4(rows, group, 3)
+
+
+def _with_int4_weights_by_hand(model: nn.Sequential, groups: dict[int, int], int4_by_hand) -> nn.Module:
+    """A copy of ``model`` whose layers ``groups`` (index -> group size) have their weight
+    quantized to int4 and dequantized by the test's own quantizer."""
+    ref = copy.deepcopy(model)
+    for i, group in groups.items():
+        values, scales = int4_by_hand(model[i].weight, group)
+        ref[i].weight = nn.Parameter(values * scales.repeat_interleave(group, dim=1))
+    return ref
+
+
+def test_int4_weight_only_mode_skips_what_it_cannot_pack(int4_by_hand):
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 96), nn.ReLU(),
                           nn.Linear(96, 10)).eval()
     x = torch.randn(8, 256)
@@ -399,24 +432,21 @@ def test_int4_weight_only_mode_skips_what_it_cannot_pack():
     assert by_name["_0"].mode == by_name["_2"].mode == "int4_weight_only"
     assert by_name["_4"].reason == "int4_weight_only needs K a multiple of group_size=64, K=96"
     assert fq.accuracy_report(model, q, (x,)).min_layer_sqnr >= 20  # 4 bits: ~6 dB per bit
-    # the graph equals the float network with dequantized int4 weights
-    from fxopt.quant.formats import unpack_int4
-
-    ref = copy.deepcopy(model)
-    for i in (0, 2):
-        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
-                                                 getattr(q, f"{i}_weight_group_scale"), 64))
-    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+    # the graph equals the float network with int4 weights quantized apart from fxopt
+    fresh = torch.randn(5, 256)
+    ref = _with_int4_weights_by_hand(model, {0: 64, 2: 64}, int4_by_hand)
+    torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
 
 
 def _k_64_96_48() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 48), nn.ReLU(), nn.Linear(48, 8)).eval()
 
 
-def test_int4_group_size_adapts_to_k_and_is_reported():
-    """K = 64, 96, 48: the largest of 128, 64, 32 dividing K (64, 32), and a reason where none does."""
+def test_int4_group_size_adapts_to_k_and_is_reported(int4_by_hand):
+    """K = 64, 96, 48: the largest of 128, 64, 32 dividing K (64, 32), and a reason where
+    none does; the numbers are those of the float network with its weights quantized in
+    groups of that size by the test's own quantizer (another group size rounds otherwise)."""
     from fxopt.optimize import optimize, report_of
-    from fxopt.quant.formats import unpack_int4
 
     model, x = _k_64_96_48(), torch.randn(8, 64)
     q = optimize(model, ["quantize{mode=int4_weight_only}"], example_inputs=(x,))
@@ -426,11 +456,11 @@ def test_int4_group_size_adapts_to_k_and_is_reported():
     assert by_name["_4"].reason == "int4_weight_only needs K a multiple of one of 128, 64, 32, K=48"
     assert report_of(q).records[-1].stats["int4_group_sizes"] == {"_0": 64, "_2": 32}
     assert 0 < fq.summary_of(q).coverage < 1
-    ref = copy.deepcopy(model)
-    for i, group in ((0, 64), (2, 32)):
-        ref[i].weight = nn.Parameter(unpack_int4(getattr(q, f"{i}_weight_int4"),
-                                                 getattr(q, f"{i}_weight_group_scale"), group))
-    torch.testing.assert_close(q(x), ref(x), rtol=1e-5, atol=1e-5)
+    fresh = torch.randn(5, 64)
+    ref = _with_int4_weights_by_hand(model, {0: 64, 2: 32}, int4_by_hand)
+    torch.testing.assert_close(q(fresh), ref(fresh), rtol=1e-5, atol=1e-5)
+    coarser = _with_int4_weights_by_hand(model, {0: 64, 2: 96}, int4_by_hand)
+    assert not torch.allclose(q(fresh), coarser(fresh), rtol=1e-3, atol=1e-3)  # the check can tell
 
 
 def test_quantizing_nothing_warns_after_training_as_it_raises_before_qat():

@@ -45,6 +45,10 @@ CONFIG_CASES = [
     (5, 72, 320, torch.float16, True, "gemm", Config(32, 32, 4, 2, split_k=3)),
     (16, 40, 256, torch.float32, False, "gemm", Config(64, 64, 4, 2, split_k=2, fast_cvt=0)),
     (17, 33, 96, torch.float32, True, "gemm", Config(32, 32, 4, 2, split_k=1, block_m=32)),
+    # the normal orientation (y = x @ w.T): M over several row tiles, K and N ragged, K split
+    (70, 40, 200, torch.float32, True, "gemm", Config(32, 64, 4, 2, block_m=32, swap_ab=0)),
+    (33, 72, 320, torch.float16, False, "gemm", Config(64, 32, 4, 2, split_k=3, block_m=16, fast_cvt=0, swap_ab=0)),
+    (5, 24, 96, torch.float16, True, "gemm", Config(16, 32, 4, 3, block_m=64, swap_ab=0)),
 ]
 
 
@@ -82,6 +86,9 @@ GATED_CASES = [
     (2, 24, 256, torch.bfloat16, False, "gemv", Config(8, 64, 4, 1, fast_cvt=0)),
     (5, 72, 256, torch.float16, True, "gemm", None),
     (16, 40, 320, torch.float32, False, "gemm", Config(32, 64, 4, 2, fast_cvt=0)),
+    (40, 24, 320, torch.float16, True, "gemm", Config(16, 64, 4, 2, block_m=32, swap_ab=0)),
+    (70, 40, 256, torch.float32, False, "gemm", Config(32, 64, 4, 2, block_m=64, fast_cvt=0, swap_ab=0)),
+    (40, 24, 256, torch.float32, True, "reference", None),
 ]
 
 
@@ -92,6 +99,22 @@ def test_int8_swiglu_matches_dequantized_reference(m, n, k, dtype, bias, kernel,
     y = triton_kernels.int8_weight_only_swiglu(x, w, s, b, kernel=kernel, config=config)
     assert y.shape == (m, n)
     _assert_matches(y, expected, dtype)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_every_large_m_candidate_matches_the_reference(gated):
+    """Each candidate of the bucket above 256 rows (both GEMM orientations, both
+    conversions, the reference) on one ragged shape: what the tuner may pick computes the
+    same function. float32: the interpreter's bf16 ``tl.dot`` is wrong (module doc)."""
+    n = 24
+    x, w, s, b, full = _int8_case(300, 2 * n if gated else n, 80, torch.float32, True)
+    expected = torch.nn.functional.silu(full[:, :n]) * full[:, n:] if gated else full
+    op = triton_kernels.int8_weight_only_swiglu if gated else triton_kernels.int8_weight_only_linear
+    found = triton_kernels.candidates(triton_kernels.int8_configs.LARGE_M, gated=gated)
+    assert {c.swap_ab for kind, c in found if kind == "gemm"} == {0, 1}
+    assert ("reference", None) in found
+    for kernel, config in found:
+        _assert_matches(op(x, w, s, b, kernel=kernel, config=config), expected, torch.float32)
 
 
 def test_gated_kernels_refuse_a_k_split():
@@ -151,7 +174,7 @@ def test_first_call_on_a_gpu_times_nothing_unless_tuning_is_on(tmp_path, monkeyp
 
     fastest = found[-1]
     assert fastest != untuned
-    monkeypatch.setattr(triton_kernels, "run_int8", lambda *args: args[:2])
+    monkeypatch.setattr(triton_kernels, "launch", lambda candidate, *args: candidate)
     monkeypatch.setattr(triton_kernels, "_time_ms",
                         lambda launch, device, reps: 1.0 if launch() == fastest else 2.0)
     monkeypatch.setenv(int8_configs.TUNE_ENV, "1")

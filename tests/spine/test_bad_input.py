@@ -28,7 +28,14 @@ def test_plan_memory_rejects_an_alignment_below_one(alignment):
 
 
 def test_plan_memory_accepts_an_alignment_of_one():
-    fxopt.optimize(_chain(), ["plan_memory{alignment=1}"], example_inputs=(torch.randn(2, 8),))
+    """Alignment 1 packs 60-byte buffers back to back (the default rounds each to 64)."""
+    model = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5))
+    x = torch.randn(3, 5)  # 3 x 5 float32: 60 bytes an activation
+    gm = fxopt.optimize(fx.symbolic_trace(model), ["plan_memory{alignment=1}"], example_inputs=(x,))
+    offsets = {b.offset for b in gm.meta["fxopt.memory_plan"].buffers}
+    assert offsets == {0, 60}
+    fresh = torch.randn(3, 5)
+    torch.testing.assert_close(gm(fresh), model(fresh))
 
 
 def test_fixpoint_rejects_zero_rounds():

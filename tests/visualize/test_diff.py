@@ -530,6 +530,12 @@ def test_classification_matches_ground_truth(name: str) -> None:
     check(diff_graphs(before, after), expect)
 
 
+#: passes that change neither model on CPU (they need quantized linears, a CUDA device, or
+#: only annotate): a new pass, or one that stops snapshotting its changes, is not skipped
+LEAVE_THE_DEMO_BE = {"channels_last_weights", "fuse_swiglu", "merge_sibling_linears", "pad_conv_channels",
+                     "plan_memory"}
+
+
 @pytest.mark.parametrize("pass_name", sorted(fxopt.registered_passes()))
 def test_every_registered_pass_is_classified_consistently(pass_name: str) -> None:
     """An oracle that needs no hand-written truth, for passes added after these tests:
@@ -542,7 +548,8 @@ def test_every_registered_pass_is_classified_consistently(pass_name: str) -> Non
         warnings.simplefilter("ignore")
         gm = fxopt.optimize(model, passes=[pass_name], example_inputs=inputs)
     records = [r for _, r in fxopt.report_of(gm).walk() if r.before is not None]
-    if not records:
+    if not records:  # nothing to classify: only for the passes known to leave these models be
+        assert pass_name in LEAVE_THE_DEMO_BE, f"{pass_name} left no snapshot of a change to classify"
         assert fxopt.report_of(gm).records[0].nodes_before == len(gm.graph.nodes)
         return
     snapshot = records[0].before

@@ -1,0 +1,146 @@
+"""bench/gpu_zoo.py measures what its columns claim.
+
+Session 6's zoo reported a "reduce-overhead + freezing" column that ran unfrozen code, and
+the issue-30 figures had to call the resulting ratios upper bounds. The harness now records,
+per compiled graph, whether the weights were constants; these tests check that record
+against what Dynamo really handed Inductor, on CPU, and that the profile sorts real H100
+kernel names into the kinds it reports.
+"""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+ZOO = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_zoo.py"
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    spec = importlib.util.spec_from_file_location("gpu_zoo", ZOO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16))
+        self.b = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return torch.relu(x * self.w + self.b)
+
+
+def test_each_inductor_variant_compiles_its_own_graph_frozen_as_named(zoo):
+    """In one Dynamo state, as the zoo runs them: reduce-overhead + freezing compiles a graph
+    of its own (it once reused reduce-overhead's) with no parameter among its inputs."""
+    model, x = Affine().eval(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    seen = {}
+    try:
+        for variant in ("inductor", "reduce_overhead", "reduce_overhead_freezing", "inductor_freezing"):
+            stats = {}
+            fn, context = zoo.make_variant(variant, model, stats)
+            with torch.no_grad(), context():
+                torch.testing.assert_close(fn(x), model(x))
+            seen[variant] = zoo.frozen_summary(variant, stats)
+    finally:
+        torch._dynamo.reset()
+    for variant in ("inductor", "reduce_overhead"):
+        assert seen[variant]["graphs"] == 1
+        assert (seen[variant]["frozen"], seen[variant]["param_inputs"]) == (False, 2)
+    for variant in ("reduce_overhead_freezing", "inductor_freezing"):
+        assert seen[variant]["graphs"] == 1
+        assert (seen[variant]["frozen"], seen[variant]["param_inputs"]) == (True, 0)
+
+
+def test_the_freezing_option_alone_is_reported_unfrozen(zoo):
+    """``options={"freezing": True}`` without the global flag while Dynamo traces leaves the
+    parameters as graph inputs: the record must say so rather than trust the option."""
+    model, x = Affine().eval(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    stats = {}
+    try:
+        fn, _ = zoo._inductor(model, stats, None, options={"freezing": True})
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), model(x))
+    finally:
+        torch._dynamo.reset()
+    assert zoo.frozen_summary("inductor_freezing", stats)["frozen"] is False
+    assert stats["graphs"][0]["param_inputs"] == 2
+    assert stats["graphs"][0]["freezing_option"] is True
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("conv2d_c1_k1_nhwc_specialized_kernel", "depthwise conv"),  # cuDNN's depthwise (convnext's 7x7)
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "conv"),
+    ("triton_poi_fused_convolution_relu_3", "gelu/pointwise fused"),  # a conv's epilogue, not a conv
+    ("triton_tem_fused_convolution_0", "conv"),
+    ("triton_tem_fused_addmm_gelu_0", "gemm"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas", "gemm"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("triton_per_fused_add_native_layer_norm_5", "layernorm"),
+    ("triton_poi_fused_gelu_view_4", "gelu/pointwise fused"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "gelu/pointwise fused"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("triton_red_fused_mean_5", "other"),
+])
+def test_kernel_kinds(zoo, name, kind):
+    assert zoo.kernel_kind(name) == kind
+
+
+def test_ratio_is_against_the_fastest_mode_and_flags_a_missing_one(zoo):
+    """fxopt's ratio divides the fastest Inductor mode's time by fxopt's; with a mode that
+    failed, the row says which were timed and the table calls the ratio an upper bound."""
+    row = {"model": "m", "layout": "-", "fxopt": {"ms": 1.6, "ms_samples": [1.6]},
+           "inductor": {"ms": 3.0, "ms_samples": [3.0]}, "inductor_freezing": {"ms": 2.4, "ms_samples": [2.4]},
+           "reduce_overhead": {"ms": 2.0, "ms_samples": [2.0]},
+           "reduce_overhead_freezing": {"error": "RuntimeError: capture failed"}}
+    zoo.summarize(row)
+    assert row["speedup_vs_best_inductor"] == pytest.approx(2.0 / 1.6)
+    assert row["best_inductor_ms"] == "reduce_overhead"
+    assert row["modes_timed"] == ["inductor", "inductor_freezing", "reduce_overhead"]
+    assert "UPPER BOUND" in zoo.table([row])
+    row["reduce_overhead_freezing"] = {"ms": 1.8, "ms_samples": [1.8]}
+    zoo.summarize(row)
+    assert row["speedup_vs_best_inductor"] == pytest.approx(1.8 / 1.6)
+    assert "UPPER BOUND" not in zoo.table([row])
+
+
+@pytest.fixture
+def serving_seq(zoo, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gpu_zoo", zoo)  # its `from gpu_zoo import ...`
+    spec = importlib.util.spec_from_file_location("serving_seq", ZOO.with_name("serving_seq.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sequence_serving_ratio_per_length_names_the_modes_it_beat(serving_seq):
+    row = {"fxopt": {"ms_128": 0.5, "ms_384": 1.2},
+           "reduce_overhead_freezing": {"ms_128": 0.55, "ms_384": 1.1},
+           "inductor": {"ms_128": 0.9, "ms_384": 1.5},
+           "inductor_freezing": {"error": "skipped: budget"}}
+    serving_seq.summarize(row, [128, 384])
+    assert row["speedup_128"] == pytest.approx(0.55 / 0.5)
+    assert row["speedup_384"] == pytest.approx(1.1 / 1.2)
+    assert row["best_inductor_384"] == "reduce_overhead_freezing"
+    assert row["modes_measured_128"] == ["inductor", "reduce_overhead_freezing"]
+
+
+def test_sequence_encoder_without_transformers_has_berts_layout(serving_seq):
+    """The fallback encoder (no ``transformers``): one hidden state per token, each layer's
+    output layer-normed (post-norm, as BERT), any sequence length up to its positions."""
+    torch.manual_seed(0)
+    encoder = serving_seq.Encoder(**serving_seq.TINY).eval()
+    for length in (5, 17):
+        ids = torch.randint(0, serving_seq.TINY["vocab"], (2, length))
+        with torch.no_grad():
+            out = encoder(ids)
+        assert out.shape == (2, length, serving_seq.TINY["d"])
+        torch.testing.assert_close(out.mean(-1), torch.zeros(2, length), atol=1e-5, rtol=0)
