@@ -169,7 +169,7 @@ def _equal(a: object, b: object) -> bool:
         return True
     try:
         return bool(a == b)
-    except Exception:  # a value whose == raises or is ambiguous (an array): compare ids
+    except Exception:  # == raised or is ambiguous (an array): differs unless the same object
         return False
 
 
@@ -199,11 +199,11 @@ def _write_warning_filters(saved: object) -> None:
 
 # set by pytest (the phase it is in) and, once per process on the first compile, by
 # Inductor (for its C++ wrapper): no test's doing, and Inductor needs it to stay
-_NOT_A_TEST_S = frozenset({"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+_NOT_BY_TESTS = frozenset({"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
 
 
 def _environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _NOT_A_TEST_S}
+    return {k: v for k, v in os.environ.items() if k not in _NOT_BY_TESTS}
 
 
 def _write_environ(saved: object) -> None:
