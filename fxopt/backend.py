@@ -287,6 +287,9 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
             passes += [PadConvChannels(), ChannelsLastWeights()]
         report = PassManager(passes, hooks=hooks).run(work, training=training)
         report.records[:0] = freezing
+        if opts.memory_budget is not None and not training:
+            report.warnings.append("memory_budget does not apply: an inference graph (autograd off or no input "
+                                   "requiring grad) saves nothing for a backward")
         _sync_dynamo_metadata(work)
     except Exception as exc:
         if opts.strict:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -127,7 +126,9 @@ class _PendingGrads:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.generation: int | None = None
-        self.grads: list[tuple[weakref.ref, int]] = []
+        #: per backward: its edges (AccumulateGrad nodes hold their leaf) and the addresses
+        #: of the gradients it handed them (0: none)
+        self.grads: list[tuple[tuple, list[int]]] = []
 
 
 _PENDING = _PendingGrads()
@@ -158,7 +159,7 @@ class _GradsOutOfPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(x.view_as(x) for x in inputs)
+        return inputs  # autograd makes each a view of its input, in C++ (no Python call each)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -167,14 +168,12 @@ class _GradsOutOfPool(torch.autograd.Function):
         # too; torch.autograd.grad (and inputs=) runs only what leads to what it returns
         if not torch._C._will_engine_execute_node(edges[0][0]):
             return (None, *(None if g is None else g.clone() for g in grads))
-        stolen = [(weakref.ref(node.variable), g.data_ptr())
-                  for (node, _), g in zip(edges[1:], grads)
-                  if g is not None and hasattr(node, "variable")]
+        handed = [0 if g is None else g.data_ptr() for g in grads]
         generation = _generation()
         with _PENDING.lock:
             if _PENDING.generation != generation:
                 _PENDING.generation, _PENDING.grads = generation, []
-            _PENDING.grads += stolen
+            _PENDING.grads.append((edges[1:], handed))
         return (None, *grads)
 
 
@@ -186,10 +185,12 @@ def _copy_stolen_grads() -> None:
     with _PENDING.lock:
         pending, _PENDING.grads = _PENDING.grads, []
     with torch.no_grad():
-        for ref, pointer in pending:
-            leaf = ref()
-            if leaf is not None and leaf.grad is not None and leaf.grad.data_ptr() == pointer:
-                leaf.grad = leaf.grad.clone()
+        for edges, handed in pending:
+            for (node, _), pointer in zip(edges, handed):
+                leaf = getattr(node, "variable", None) if pointer else None  # AccumulateGrad's
+                grad = None if leaf is None else leaf.grad
+                if grad is not None and grad.data_ptr() == pointer:
+                    leaf.grad = grad.clone()
 
 
 class PlainOutputs:

@@ -140,7 +140,12 @@ class PatternTracer(fx.Tracer):
 
     def _refuse_stateful_module_calls(self) -> None:
         """Raise if this node is being recorded inside the call of a module with parameters
-        or buffers made by the traced function (the outermost such call is named)."""
+        or buffers made by the traced function (the outermost such call is named). Only
+        the frames below :meth:`trace`'s count: the placeholders are made before the traced
+        function runs, and the caller's own frames (a model being compiled, which imported
+        the stock patterns) are no pattern's."""
+        if self._entry is None:
+            return
         frame, found = sys._getframe(2), None
         while frame is not None and frame is not self._entry:
             if frame.f_code in _MODULE_CALL_CODES:

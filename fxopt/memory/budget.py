@@ -8,23 +8,37 @@ products, which it never recomputes. Cutting the peak further means recomputing 
 those, and which ones decides the price: a 1x1 convolution that widens 64 channels to 256
 writes 4 bytes per 64 multiply-adds, a 3x3 one of 512 channels 1 byte per 4,608.
 
-How. :class:`BudgetPartitioner` is an Inductor custom partitioner (``custom_partitioner_fn``).
-It partitions the joint graph with the stock min-cut, then predicts the activation peak of the
-forward-then-backward schedule with fxopt's ``alias``/``liveness`` analyses (each storage live
-from its definition to its last use; saved activations from the forward's step that makes
-them to their last reader in the backward). While that peak is above ``budget`` times the
-first one, it tags more saved activations ``MUST_RECOMPUTE`` (the tag activation
-checkpointing uses; the min-cut then recomputes them in the backward from what it saves
-instead) and partitions again: cheapest first by estimated time per byte freed (FLOPs at the
-H100's ratio of matrix rate to memory bandwidth, bytes moved for the rest). Only ops the
-op-facts model calls pure are recomputed: never a random draw (dropout keeps its mask, so the
-draws are those of the untouched step), a collective, a write, or an unknown op. It stops
-at the budget, when the recomputation's estimated cost would pass ``max_recompute`` of the
-graph's, or after a few rounds; the decision (peaks, what is recomputed) goes to ``reports``.
+What the budget means. ``memory_budget=b`` asks that the activations the backward takes from
+the forward (the tensors autograd saves: what ``saved_tensors_hooks`` sees, parameters and
+the batch left out) be at most ``b`` times those of the stock min-cut partition (torch's
+``activation_memory_budget`` budgets the same bytes, though its solver maps a budget to them
+differently). It is measurable without this module (tests/memory/test_budget_training.py sums the
+bytes the pack hook sees).
 
-The budget is relative to each graph's own predicted activation peak; parameters, gradients
-and optimizer state are not the partitioner's to cut, so the step's measured peak falls by
-less than the activations' (bench/training.py measures both).
+How. :class:`BudgetPartitioner` is an Inductor custom partitioner (``custom_partitioner_fn``).
+It partitions the joint graph with the stock min-cut and predicts the memory of the
+forward-then-backward schedule with fxopt's ``alias``/``liveness`` analyses (each storage
+live from its definition to its last use; saved activations from the forward's step that
+makes them to their last reader in the backward). In rounds, it tags saved activations
+``MUST_RECOMPUTE`` (the tag activation checkpointing uses; the min-cut then recomputes them
+in the backward, just before their first reader, from what it saves instead) and partitions
+again, taking candidates from the partition of the round before (the min-cut may save other
+tensors in their place). The order: first what is live at the predicted peak and freed there
+(recomputed after the peak's step), then the rest; within each, cheapest estimated
+recomputation per byte. The estimate is the chain's time in bytes moved: FLOPs at the
+H100's ratio of bf16 matrix rate to memory bandwidth (``FLOPS_PER_BYTE``), or bytes read and
+written where that is more, summed over the node and the unsaved values it is recomputed
+from; a pointwise or norm-apply chain thus costs its tensors' bytes, a convolution its FLOPs.
+A round whose partition saves no fewer bytes, or that the min-cut cannot honour, is undone
+and tried again with its cheaper half; a single pick refused so is not tried again.
+
+Only ops the op-facts model calls pure are recomputed: never a random draw (dropout keeps
+its mask, so the draws are those of the untouched step), a collective, a write, a stateful or
+an unknown op; nor a part of a tuple whose op the min-cut will not recompute (a max-pool's
+output: its indices cannot be saved alone, and the min-cut raises). It stops at the budget,
+when the recomputation's estimated cost would pass ``max_recompute`` of the joint graph's, or
+after ``ROUNDS`` partitions; the decision (saved bytes, predicted peaks, what is recomputed,
+why it stopped short) goes to ``reports``.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
@@ -53,8 +68,9 @@ __all__ = ["BudgetDecision", "BudgetPartitioner", "activation_peak"]
 
 #: FLOPs that take as long as moving one byte (H100: ~800 TFLOP/s bf16 over ~3 TB/s)
 FLOPS_PER_BYTE = 250.0
-#: partitions tried at most per graph (each round tags a larger prefix of the candidates)
-ROUNDS = 4
+#: partitions tried at most per graph after the stock one (a refused round of several picks
+#: is tried again with its cheaper half)
+ROUNDS = 8
 
 
 @dataclass
@@ -62,25 +78,39 @@ class BudgetDecision:
     """What the partitioner did with one joint graph (predicted bytes, not measured)."""
 
     budget: float
+    #: predicted activation peak of the forward-then-backward schedule, before and after
     peak_before: int
     peak_after: int
+    #: bytes of the activations the backward takes from the forward, before and after
     saved_before: int
     saved_after: int
-    #: joint-graph nodes tagged for recomputation, cheapest first
+    #: joint-graph nodes tagged for recomputation, in the order they were chosen
     recomputed: list[str] = field(default_factory=list)
-    #: estimated cost of the recomputation over the joint graph's (see FLOPS_PER_BYTE)
+    #: estimated cost of recomputing ``recomputed`` over the joint graph's (see FLOPS_PER_BYTE)
     recompute_share: float = 0.0
     #: why it stopped above the budget, or None when it met it
     short: str | None = None
 
 
-class BudgetPartitioner(CustomPartitionerFn):
-    """Partition joint graphs so that each one's activation peak is at most ``budget``
-    (a fraction in (0, 1]) of the stock min-cut's, recomputing at most ``max_recompute`` of
-    the graph's estimated cost. ``reports`` (a list) receives one :class:`BudgetDecision`
-    per graph."""
+@dataclass
+class _Partition:
+    """One partition and what the prediction says about it."""
 
-    def __init__(self, budget: float, *, max_recompute: float = 0.05,
+    fw: fx.GraphModule
+    bw: fx.GraphModule
+    saved: int
+    peak: int
+    #: the peak's place: ("fw" or "bw", step)
+    at: tuple[str, int]
+
+
+class BudgetPartitioner(CustomPartitionerFn):
+    """Partition joint graphs so that the activations each one saves for its backward are
+    at most ``budget`` (a fraction in (0, 1]) of the stock min-cut's, recomputing at most
+    ``max_recompute`` of the joint graph's estimated cost. ``reports`` (a list) receives one
+    :class:`BudgetDecision` per graph."""
+
+    def __init__(self, budget: float, *, max_recompute: float = 0.3,
                  reports: list[BudgetDecision] | None = None):
         self.budget, self.max_recompute, self.reports = budget, max_recompute, reports
 
@@ -91,51 +121,48 @@ class BudgetPartitioner(CustomPartitionerFn):
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[Any],
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-        def partition(tagged: Sequence[str]) -> tuple[fx.GraphModule, fx.GraphModule]:
-            return _partition(gm, joint_inputs, tagged, kwargs)
+        def partition(tagged: Sequence[str]) -> _Partition:
+            return _predict(*_partition(gm, joint_inputs, tagged, kwargs))
 
-        fw, bw = partition(())
-        peak = peak_before = activation_peak(fw, bw)
-        saved_before = _saved_bytes(bw)
-        target = self.budget * peak_before
-        saved = _saved_names(bw)
-        candidates = _candidates(gm, saved)
+        first = current = partition(())
+        target = self.budget * first.saved
         total = sum(_cost(n) for n in gm.graph.nodes if n.op == "call_function") or 1.0
-        chosen: list[str] = []
-        spent = 0.0
+        allowance = self.max_recompute * total
+        chosen: dict[str, float] = {}   # name -> estimated cost of its recomputation
+        refused: set[str] = set()
+        pending: list[tuple[list[str], float]] = []
         short = None
-        best, best_chosen = (fw, bw), []
         for _ in range(ROUNDS):
-            if peak <= target:
+            if current.saved <= target:
                 break
-            need, added = peak - target, 0
-            priced = [(node, freed, _recompute_cost(node, saved, set(chosen))) for node, freed in candidates]
-            priced = sorted((c for c in priced if c[2] is not None), key=lambda c: c[2] / c[1])
-            for node, freed, cost in priced:
-                if added >= need:
-                    break
-                if (spent + cost) / total > self.max_recompute or _recompute_cost(node, saved, set(chosen)) is None:
-                    continue
-                chosen.append(node.name)
-                spent += cost
-                added += freed
-            candidates = [c for c in candidates if c[0].name not in chosen]
-            if not added:
-                short = (f"no further saved activation can be recomputed within {self.max_recompute:.0%} "
-                         "of the graph's estimated time")
+            groups = pending or _pick(gm, current, chosen, refused, need=current.saved - target,
+                                      allowance=allowance - sum(chosen.values()))
+            pending = []
+            if not groups:
+                short = short or (f"no further saved activation can be recomputed within {self.max_recompute:.0%} "
+                                  "of the graph's estimated time")
                 break
-            fw, bw = partition(chosen)
-            new_peak = activation_peak(fw, bw)
-            if new_peak < peak:
-                best, best_chosen, peak = (fw, bw), list(chosen), new_peak
+            names = [name for group, _ in groups for name in group]
+            try:
+                trial = partition([*chosen, *names])
+            except (RuntimeError, nx.NetworkXException) as exc:  # the min-cut cannot honour these tags
+                # (torch 2.13 raises "failed to partition"; older ones networkx's unbounded flow)
+                trial = None
+                short = f"the min-cut refused tags ({str(exc).splitlines()[0][:120]})"
+            if trial is not None and trial.saved < current.saved:
+                chosen.update((name, cost / len(group)) for group, cost in groups for name in group)
+                current = trial
+            elif len(groups) == 1:  # it saved the inputs instead (nothing freed), or raised
+                refused.update(names)
+            else:  # try the cheaper half on its own
+                pending = groups[: len(groups) // 2]
         else:
-            if peak > target:
-                short = f"still above the budget after {ROUNDS} rounds"
+            short = short or f"still above the budget after {ROUNDS} partitions"
         if self.reports is not None:
             self.reports.append(BudgetDecision(
-                self.budget, peak_before, peak, saved_before, _saved_bytes(best[1]), best_chosen,
-                spent / total, short if peak > target else None))
-        return best
+                self.budget, first.peak, current.peak, first.saved, current.saved, list(chosen),
+                sum(chosen.values()) / total, short if current.saved > target else None))
+        return current.fw, current.bw
 
 
 def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any], tagged: Sequence[str],
@@ -152,6 +179,75 @@ def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any], tagged: Sequence
     return min_cut_rematerialization_partition(work, joint_inputs, **{"compiler": "inductor", **kwargs})
 
 
+def _predict(fw: fx.GraphModule, bw: fx.GraphModule) -> _Partition:
+    fw_live = _timeline(fw, inputs_live=False)
+    bw_live = _timeline(bw, inputs_live=True)
+    peak = max([0, *fw_live, *bw_live])
+    at = ("bw", bw_live.index(peak)) if peak in bw_live else ("fw", fw_live.index(peak) if peak in fw_live else 0)
+    return _Partition(fw, bw, sum(size for size, _ in _saved_storages(fw, bw).values()), peak, at)
+
+
+def _pick(gm: fx.GraphModule, current: _Partition, chosen: dict[str, float], refused: set[str], *,
+          need: float, allowance: float) -> list[tuple[list[str], float]]:
+    """This round's picks as (saved values, estimated cost of recomputing them). The unit is
+    a saved storage: the saved values that share it (views of one tensor: q, k and v of one
+    projection) free it only together. Storages freed at the predicted peak first, then the
+    others, cheapest per byte first, until ``need`` bytes or the ``allowance`` of cost is
+    spent. No pick is recomputed from another of the round: the min-cut may answer such a
+    chain by saving something else, and one round's measurement could not tell which pick
+    paid (a later round may take it, reading the first one recomputed)."""
+    groups = _saved_storages(current.fw, current.bw)
+    saved = {name for _, names in groups.values() for name in names}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    at_peak = _freed_at_peak(current)
+    available = saved | set(chosen)
+    priced = []
+    for size, names in groups.values():
+        nodes = [by_name.get(name) for name in names]
+        if refused & set(names) or not size or any(
+                n is None or n.op != "call_function" or not _recomputable(n) for n in nodes):
+            continue
+        walk = _recompute_cost(nodes, available - set(names))
+        if walk is not None:
+            priced.append((not at_peak & set(names), walk[0] / size, sorted(names), size, walk))
+    picks: list[tuple[list[str], float]] = []
+    taken: set[str] = set()
+    read: set[str] = set()
+    freed = 0
+    for _, _, names, size, (cost, reads) in sorted(priced):
+        if freed >= need:
+            break
+        if cost > allowance or reads & taken or read & set(names):
+            continue
+        picks.append((names, cost))
+        taken.update(names)
+        read |= reads
+        freed += size
+        allowance -= cost
+    return picks
+
+
+def _freed_at_peak(current: _Partition) -> set[str]:
+    """Saved activations that would not be live at the predicted peak if recomputed:
+    with the peak in the backward, those first read after it (the min-cut recomputes a value
+    just before its first reader); with it in the forward, those already dead there but for
+    being saved."""
+    part, step = current.at
+    if part == "bw":
+        order = {n: i for i, n in enumerate(current.bw.graph.nodes)}
+        return {n.name for n in current.bw.graph.find_nodes(op="placeholder")
+                if n.users and min(order[u] for u in n.users) > step}
+    order = {n: i for i, n in enumerate(current.fw.graph.nodes)}
+    out = set()
+    for node in current.fw.graph.nodes:
+        if node.op != "call_function" or order[node] > step:
+            continue
+        readers = [order[u] for u in node.users if u.op != "output"]
+        if max(readers, default=order[node]) < step:
+            out.add(node.name)
+    return out
+
+
 def _saved_names(bw: fx.GraphModule) -> set[str]:
     """The activations the backward takes from the forward: its placeholders that are
     neither tangents nor graph inputs (``primals``: parameters and the batch, which
@@ -161,21 +257,41 @@ def _saved_names(bw: fx.GraphModule) -> set[str]:
 
 
 def _nbytes(value: Any) -> int:
-    return sum(t.untyped_storage().nbytes() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    total = 0
+    for t in tree_leaves(value):
+        if isinstance(t, torch.Tensor):
+            size = t.untyped_storage().nbytes()
+            total += int(size) if not isinstance(size, torch.SymInt) else 0
+    return total
 
 
-def _saved_bytes(bw: fx.GraphModule) -> int:
+def _saved_storages(fw: fx.GraphModule, bw: fx.GraphModule) -> dict[Any, tuple[int, list[str]]]:
+    """The storages of the activations the backward takes from the forward, each with its
+    bytes and the saved values that share it; storages of graph inputs (a transposed
+    weight is a view of the parameter) are no activation and are left out."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storages(node: fx.Node) -> list[tuple[Any, int]]:
+        return [(StorageWeakRef(t.untyped_storage()), _nbytes(t)) for t in tree_leaves(node.meta.get("val"))
+                if isinstance(t, torch.Tensor)]
+
+    inputs = {ref for n in fw.graph.find_nodes(op="placeholder") for ref, _ in storages(n)}
     names = _saved_names(bw)
-    return sum(_nbytes(n.meta.get("val")) for n in bw.graph.find_nodes(op="placeholder") if n.name in names)
+    out: dict[Any, tuple[int, list[str]]] = {}
+    for node in bw.graph.find_nodes(op="placeholder"):
+        if node.name not in names:
+            continue
+        for ref, size in storages(node):
+            if ref not in inputs:
+                out.setdefault(ref, (size, []))[1].append(node.name)
+    return out
 
 
 def activation_peak(fw: fx.GraphModule, bw: fx.GraphModule) -> int:
     """Predicted peak bytes of the forward then the backward, graph inputs (parameters,
     the batch) left out: each storage the graphs make is live from its definition to its
     last use; what the forward saves stays live into the backward until its last reader."""
-    fw_live = _timeline(fw, inputs_live=False)
-    bw_live = _timeline(bw, inputs_live=True)
-    return max([0, *fw_live, *bw_live])
+    return _predict(fw, bw).peak
 
 
 def _timeline(gm: fx.GraphModule, *, inputs_live: bool) -> list[int]:
@@ -212,49 +328,52 @@ def _storage_size(nodes: Sequence[fx.Node], storage: Any) -> int:
     for node in nodes:
         for t in tree_leaves(node.meta.get("val")):
             if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == storage:
-                size = t.untyped_storage().nbytes()
-                return int(size) if not isinstance(size, torch.SymInt) else 0
+                return _nbytes(t)
     return 0
 
 
-def _candidates(gm: fx.GraphModule, saved: set[str]) -> list[tuple[fx.Node, int]]:
-    """Saved activations that could be recomputed instead, as (joint node, bytes freed),
-    largest first; tensors under a thousandth of the saved bytes are not worth a round."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    nodes = [by_name[name] for name in saved if name in by_name]
-    floor = sum(_nbytes(n.meta.get("val")) for n in nodes) / 1000
-    out = [(n, _nbytes(n.meta.get("val"))) for n in nodes if n.op == "call_function" and _recomputable(n)]
-    return sorted((c for c in out if c[1] >= floor), key=lambda c: -c[1])
-
-
-def _recompute_cost(node: fx.Node, saved: set[str], chosen: set[str], limit: int = 64) -> float | None:
-    """The estimated cost of recomputing ``node`` from what stays saved (None: it cannot
-    be): walking up its inputs through values the forward does not save (recomputed on the
-    way), every path must end at a graph input or a saved value, never at one already
-    chosen for recomputation (that one's own inputs would then have to be saved instead,
-    and nothing would be freed)."""
+def _recompute_cost(nodes: Sequence[fx.Node], available: set[str],
+                    limit: int = 64) -> tuple[float, set[str]] | None:
+    """The estimated cost of recomputing ``nodes`` in the backward and the ``available``
+    values that reads (None: they cannot be recomputed). Walking up their inputs through
+    values the backward does not have (recomputed on the way, once for all of ``nodes``),
+    every path must end at a graph input or an ``available`` value: one saved, or one
+    tagged for recomputation (recomputed once, whoever reads it first)."""
     seen: set[fx.Node] = set()
-    cost = _cost(node)
-    todo = list(node.all_input_nodes)
+    reads: set[str] = set()
+    cost = sum(_cost(n) for n in nodes)
+    todo = [i for n in nodes for i in n.all_input_nodes if i not in nodes]
     while todo:
         current = todo.pop()
         if current in seen or current.op in ("placeholder", "get_attr"):
             continue
         seen.add(current)
-        if current.name in chosen:
-            return None
-        if current.name in saved:
+        if current.name in available:
+            reads.add(current.name)
             continue
-        if len(seen) > limit or not _recomputable(current):
+        if len(seen) > limit or not _recomputable(current) or not _min_cut_recomputes(current):
             return None
         cost += _cost(current)
         todo.extend(current.all_input_nodes)
-    return cost
+    return cost, reads
 
 
 def _recomputable(node: fx.Node) -> bool:
     facts = ops.facts(node)
     return not (facts.writes or facts.random or facts.collective or facts.stateful or facts.unknown)
+
+
+def _min_cut_recomputes(node: fx.Node) -> bool:
+    """Whether the min-cut can recompute ``node`` on the way to a tagged one. A tensor it
+    will not recompute it saves instead (which frees less than predicted, and the round's
+    measurement sees that); a tuple it can neither save nor, outside its list of
+    recomputable ops, recompute: tagging a value behind one makes it raise."""
+    if isinstance(node.meta.get("val"), torch.Tensor):
+        return True
+    from torch._functorch.partitioners import get_default_op_list
+
+    packet = getattr(node.target, "overloadpacket", None)
+    return packet is not None and packet in get_default_op_list().recomputable_ops
 
 
 def _cost(node: fx.Node) -> float:

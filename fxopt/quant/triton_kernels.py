@@ -66,6 +66,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fxopt.quant import int8_configs
 from fxopt.quant.int8_configs import GEMV_MAX_M, Candidate, Config, candidates
+from fxopt.quant.reference import (
+    int8_weight_only_linear_reference,
+    int8_weight_only_swiglu_reference,
+)
 
 #: the largest M at which the int4 kernels run their GEMV (one program per row and block of
 #: channels, so it reads the weight once per row; picked by M alone, not tuned)
@@ -487,9 +491,7 @@ def launch(candidate: Candidate, x2d: Tensor, w: Tensor, scale: Tensor, bias: Te
     like the kernels, and the shipped table may pick it per M bucket."""
     kind, config = candidate
     if kind == int8_configs.REFERENCE:
-        from fxopt.quant import ops
-
-        reference = ops.int8_weight_only_swiglu_reference if gated else ops.int8_weight_only_linear_reference
+        reference = int8_weight_only_swiglu_reference if gated else int8_weight_only_linear_reference
         return reference(x2d, w, scale, bias)
     run_int8(kind, config, x2d, w, scale, bias, y, gated)
     return y

@@ -155,75 +155,6 @@ def test_training_cuda_graphs_must_be_a_bool():
         fxopt.compile(nn.Linear(2, 2), options={"training_cuda_graphs": "yes"})
 
 
-@pytest.mark.parametrize("budget", [0, 1.5, True, "0.5"])
-def test_memory_budget_must_be_a_fraction(budget):
-    with pytest.raises(PassOptionError, match="memory_budget"):
-        fxopt.compile(nn.Linear(2, 2), options={"memory_budget": budget})
-
-
-def test_memory_budget_and_a_partitioner_of_ones_own_are_not_both_taken():
-    with pytest.raises(PassOptionError, match="memory_budget.*custom_partitioner_fn"):
-        fxopt.compile(nn.Linear(2, 2), options={"memory_budget": 0.5,
-                                                "inductor": {"custom_partitioner_fn": None}})
-
-
-class Wide(nn.Module):
-    """Activations much larger than weights (as in a real training step), with dropout."""
-
-    def __init__(self):
-        super().__init__()
-        blocks = []
-        for i in range(3):
-            blocks += [nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-                       nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                       nn.Conv2d(32, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU()]
-        self.body = nn.Sequential(*blocks)
-        self.drop = nn.Dropout(0.3)
-        self.head = nn.Linear(8 * 16 * 16, 10)
-
-    def forward(self, x):
-        return self.head(self.drop(self.body(x).flatten(1)))
-
-
-def test_the_memory_budget_recomputes_activations_and_keeps_losses_grads_draws_and_stats():
-    torch.manual_seed(0)
-    model = Wide().train()
-    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
-    results = []
-    reports = []
-    for options in (None, {"memory_budget": 0.7, "reports": reports, "cuda_graphs": False,
-                           "inductor": {"force_disable_caches": True}}):
-        m = copy.deepcopy(model)
-        fn = m if options is None else torch.compile(m, backend="fxopt", options=options)
-        torch.manual_seed(7)  # the same dropout draws as eager's, if the step draws as eager does
-        out = fn(x)
-        loss = F.cross_entropy(out, y)
-        loss.backward()
-        results.append((loss.detach(), [p.grad for p in m.parameters()], [b.clone() for b in m.buffers()],
-                        torch.get_rng_state()))
-    (eager_loss, eager_grads, eager_stats, eager_rng), (loss, grads, stats, rng) = results
-    decisions = [d for r in reports for d in r.memory]
-    assert decisions, "the partitioner ran"
-    (decision,) = decisions
-    assert decision.recomputed and decision.peak_after < decision.peak_before
-    assert decision.peak_after <= 0.7 * decision.peak_before or decision.short
-    # Inductor's dropout is not eager's, so compare against the same compile without a budget
-    m = copy.deepcopy(model)
-    torch._dynamo.reset()
-    fn = torch.compile(m, backend="fxopt", options={"cuda_graphs": False})
-    torch.manual_seed(7)
-    plain_loss = F.cross_entropy(fn(x), y)
-    plain_loss.backward()
-    torch.testing.assert_close(loss, plain_loss.detach(), rtol=1e-5, atol=1e-5)
-    for g, h in zip(grads, [p.grad for p in m.parameters()]):
-        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-5)
-    for s, t in zip(stats, [b.clone() for b in m.buffers()]):
-        torch.testing.assert_close(s, t)
-    assert torch.equal(rng, torch.get_rng_state())  # the same numbers drawn
-    for s, t in zip(stats, eager_stats):  # running statistics as eager's
-        torch.testing.assert_close(s.float(), t.float(), rtol=1e-4, atol=1e-5)
-
-
 # --- on a GPU -----------------------------------------------------------------------------
 
 @cuda
@@ -277,29 +208,6 @@ def test_dropout_draws_replayed_are_the_plain_draws():
     assert all(r.no_replay is None for r in reports), [r.no_replay for r in reports]
     # another mask would move the loss far more than cuDNN's choice of algorithm does
     torch.testing.assert_close(torch.stack(got), torch.stack(plain), rtol=1e-5, atol=1e-6)
-
-
-@cuda
-def test_the_memory_budget_on_cuda_keeps_losses_and_grads():
-    torch.manual_seed(0)
-    model = Wide().cuda().train()
-    model.drop.p = 0.0
-    x, y = torch.randn(8, 3, 16, 16, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
-    grads = []
-    reports = []
-    for options in ({"cuda_graphs": False},
-                    {"memory_budget": 0.6, "reports": reports, "inductor": {"force_disable_caches": True}}):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        loss = F.cross_entropy(torch.compile(m, backend="fxopt", options=options)(x), y)
-        loss.backward()
-        grads.append((loss.detach(), [p.grad for p in m.parameters()]))
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-4)
-    for g, h in zip(grads[0][1], grads[1][1]):
-        torch.testing.assert_close(g, h, rtol=1e-3, atol=1e-4)
-    assert any(d.recomputed for r in reports for d in r.memory)
-
-
 def test_an_evaluation_between_steps_sees_the_weights_the_steps_wrote():
     """Inference graphs freeze weights (conv-BN folded into new constants): once a step
     writes the weights, the frozen graph must not run stale ones."""

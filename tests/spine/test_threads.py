@@ -479,3 +479,22 @@ def test_rewrites_while_another_thread_runs_torch_symbolic_trace():
     assert traced[0] > 0
     for i, gm in enumerate(graphs):
         check_rewritten(gm, model, i)
+
+
+def test_a_pattern_traced_while_a_model_runs_is_not_taken_for_the_models_module():
+    """Stock patterns are traced when first imported, which may be inside a model's call
+    (a model compiled with the fxopt backend): the model's own module frames below are no
+    module of the pattern's."""
+    from fxopt.patterns.tracing import PatternTracer
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x):
+            graph = PatternTracer("pattern").trace(lambda a: torch.relu(a))
+            return self.linear(x), graph
+
+    _, graph = Model()(torch.randn(1, 2))
+    assert [n.op for n in graph.nodes] == ["placeholder", "call_function", "output"]

@@ -26,6 +26,7 @@ from fxopt.visualize.diff import CHANGED, REWIRED, UNCHANGED, GraphDiff
 import fxopt
 from fxopt.models import demo_model
 from fxopt.provenance import record_replacement
+from fxopt.registry import BUILTIN_PASSES
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -536,13 +537,9 @@ LEAVE_THE_DEMO_BE = {"channels_last_weights", "fuse_swiglu", "merge_sibling_line
                      "plan_memory"}
 
 
-#: fxopt's own passes, not those other test modules register when imported: which of those
-#: are registered depends on which modules this run collected before this one
-STOCK_PASSES = sorted(name for name, cls in fxopt.registered_passes().items()
-                      if cls.__module__.split(".")[0] == "fxopt")
-
-
-@pytest.mark.parametrize("pass_name", STOCK_PASSES)
+# fxopt's own passes: registered_passes() also holds what other test modules register,
+# which depends on what this worker collected
+@pytest.mark.parametrize("pass_name", sorted(BUILTIN_PASSES))
 def test_every_registered_pass_is_classified_consistently(pass_name: str) -> None:
     """An oracle that needs no hand-written truth, for passes added after these tests:
     the manager's snapshot holds the very Node objects of the graph before the pass, so
