@@ -10,6 +10,7 @@ its ``__cause__``.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -70,10 +71,8 @@ def _import_file(path: str) -> ModuleType:
 
 
 def _import_module(name: str) -> ModuleType:
-    cwd = str(Path.cwd())
-    if cwd not in sys.path and "" not in sys.path:  # `python -m` semantics: modules in the cwd
-        sys.path.insert(0, cwd)
     try:
+        _import_top_level_from_cwd(name.partition(".")[0])
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name + ".").startswith(exc.name + "."):  # it, not a dependency
@@ -82,3 +81,21 @@ def _import_module(name: str) -> ModuleType:
         raise FactoryError(f"importing {name} raised ModuleNotFoundError: {exc}") from exc
     except Exception as exc:
         raise FactoryError(f"importing {name} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _import_top_level_from_cwd(top: str) -> None:
+    """``python -m`` semantics: a module or package in the current folder comes first, as
+    if the folder led ``sys.path``; found and imported without adding the folder to
+    ``sys.path``, which every later import of the process (in any thread) would see."""
+    if top in sys.modules:
+        return
+    spec = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
+    if spec is None or spec.loader is None:
+        return  # not in the current folder: an ordinary import finds it, or says it is missing
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[top] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[top]
+        raise

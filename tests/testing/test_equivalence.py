@@ -149,7 +149,9 @@ def test_writing_into_an_input_is_caught_even_when_outputs_agree():
 
 
 def test_input_mutation_names_the_placeholder():
-    x = torch.randn(5)
+    # negatives, so relu_ changes the input: a random draw with none (1 in 32) left it as
+    # it was, and the test failed or passed by the global RNG's state, i.e. the test order
+    x = torch.tensor([-1.0, 2.0, -0.5, 3.0, -2.0])
     gm = traced(nn.Sequential(nn.ReLU()), x)
     rewritten = fxopt.optimize(gm, passes=[])
     node = next(n for n in rewritten.graph.nodes if n.op == "call_module")
