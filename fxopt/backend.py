@@ -117,8 +117,10 @@ class BackendOptions:
     #: evicted); each holds its input buffers and outputs in the graph's memory pool
     replay_shapes: int = 8
     #: replay training steps (forward, backward, optimizer update) through Inductor's CUDA-graph
-    #: trees with plain-call semantics (fxopt.training); ``cuda_graphs=False`` turns it off too
-    training_cuda_graphs: bool = True
+    #: trees with plain-call semantics (fxopt.training): None (the default) wherever that is
+    #: sound, False never (``cuda_graphs=False`` turns it off too), True the same as None but a
+    #: graph that cannot be replayed warns, naming the option and why
+    training_cuda_graphs: bool | None = None
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None
@@ -135,7 +137,8 @@ class BackendOptions:
         if mode is not None:
             options.setdefault("mode", mode)
         for key in ("freeze", "strict", "verify", "cuda_graphs", "training_cuda_graphs"):
-            if key in options and not isinstance(options[key], bool):
+            if key in options and not isinstance(options[key], bool) and not (
+                    key == "training_cuda_graphs" and options[key] is None):
                 raise PassOptionError(_BACKEND, key, f"expected bool, got {options[key]!r}")
         shapes = options.get("replay_shapes", 1)
         if not isinstance(shapes, int) or isinstance(shapes, bool) or shapes < 1:
@@ -343,9 +346,10 @@ def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: boo
     state = {node for node, value in zip(placeholders, inputs) if _is_weight(node, value)}
     if not training_route(work, training=training, is_state=state.__contains__):
         return False
-    if not (opts.cuda_graphs and opts.training_cuda_graphs):
+    if not opts.cuda_graphs or opts.training_cuda_graphs is False:
         record.no_replay = "cuda_graphs=False" if not opts.cuda_graphs else "training_cuda_graphs=False"
-    elif patches.get("triton.cudagraphs"):
+        return False
+    if patches.get("triton.cudagraphs"):
         record.no_replay = "Inductor captures its own CUDA graphs (mode='reduce-overhead')"
     elif any(_from_fsdp(getattr(n, "_dynamo_source", None)) for n in placeholders):
         record.no_replay = ("parameters of an FSDP-managed module: FSDP re-allocates them every step, so "
@@ -353,6 +357,9 @@ def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: boo
     else:
         record.no_replay = training_refusal(work, inputs, is_state=state.__contains__)
     if record.no_replay is not None:
+        if opts.training_cuda_graphs:  # asked for by name: say why it does not apply
+            warnings.warn(f"fxopt backend: training_cuda_graphs=True does not apply to graph {record.name}: "
+                          f"{record.no_replay}; it runs with plain launches", RuntimeWarning, stacklevel=2)
         return False
     patches["triton.cudagraphs"] = True
     return True

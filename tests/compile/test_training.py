@@ -2,6 +2,7 @@
 memory budget (fxopt.memory.budget), and, on a GPU, that a replayed step is a plain step."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -150,9 +151,19 @@ def test_a_compiled_training_step_on_cpu_runs_plainly_and_matches_eager():
     assert all(r.frozen == [] and "pad_conv_channels" not in [x.name for x in r.report.records] for r in update)
 
 
-def test_training_cuda_graphs_must_be_a_bool():
+def test_training_cuda_graphs_must_be_a_bool_or_none():
     with pytest.raises(PassOptionError, match="training_cuda_graphs"):
         fxopt.compile(nn.Linear(2, 2), options={"training_cuda_graphs": "yes"})
+    fxopt.compile(nn.Linear(2, 2), options={"training_cuda_graphs": None})
+
+
+def test_training_replay_asked_for_where_it_cannot_apply_warns_naming_the_option():
+    """The default replays wherever it can, silently; asked for by name, a refusal says so."""
+    with pytest.warns(RuntimeWarning, match=r"training_cuda_graphs=True does not apply .* is on cpu"):
+        train(Net(), 1, {"training_cuda_graphs": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        train(Net(), 1, {})
 
 
 # --- on a GPU -----------------------------------------------------------------------------
