@@ -89,7 +89,7 @@ def compile_with(compiler: str, model: nn.Module, reports: list) -> nn.Module:
     if compiler == "fxopt":
         return fxopt.compile(model, options={"reports": reports})
     if compiler == "fxopt-replay":
-        return fxopt.compile(model, options={"reports": reports, "training_cuda_graphs": True})
+        return fxopt.compile(model, options={"reports": reports})
     if compiler == "fxopt-plain":
         return fxopt.compile(model, options={"reports": reports, "cuda_graphs": False})
     raise SystemExit(f"unknown compiler {compiler!r}")

@@ -140,7 +140,7 @@ def test_a_compiled_training_step_on_cpu_runs_plainly_and_matches_eager():
     net = Net()
     reports = []
     eager, eager_model = train(net, 3)
-    got, model = train(net, 3, {"reports": reports, "training_cuda_graphs": True})
+    got, model = train(net, 3, {"reports": reports})
     torch.testing.assert_close(torch.stack(got), torch.stack(eager), rtol=1e-5, atol=1e-5)
     for p, q in zip(model.state_dict().values(), eager_model.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
@@ -175,7 +175,7 @@ def test_a_replayed_training_step_is_a_plain_step():
     reports = []
     plain, plain_model = train(net, 4, {"cuda_graphs": False}, device="cuda")
     torch._dynamo.reset()
-    got, model = train(net, 4, {"reports": reports, "training_cuda_graphs": True}, device="cuda")
+    got, model = train(net, 4, {"reports": reports}, device="cuda")
     # two compiles may pick different cuDNN algorithms: equal up to float32 rounding
     torch.testing.assert_close(torch.stack(got), torch.stack(plain), rtol=1e-5, atol=1e-6)
     for p, q in zip(model.state_dict().values(), plain_model.state_dict().values()):
@@ -215,7 +215,7 @@ def test_dropout_draws_replayed_are_the_plain_draws():
     net, reports = Net(p=0.5), []
     plain, _ = train(net, 4, {"cuda_graphs": False}, device="cuda", seed=3)
     torch._dynamo.reset()
-    got, _ = train(net, 4, {"reports": reports, "training_cuda_graphs": True}, device="cuda", seed=3)
+    got, _ = train(net, 4, {"reports": reports}, device="cuda", seed=3)
     assert all(r.no_replay is None for r in reports), [r.no_replay for r in reports]
     # another mask would move the loss far more than cuDNN's choice of algorithm does
     torch.testing.assert_close(torch.stack(got), torch.stack(plain), rtol=1e-5, atol=1e-6)

@@ -74,7 +74,7 @@ def _worker(rank, init, out):
             model = _wrap(copy.deepcopy(base), how)
             reports = []
             fn = model if compiler == "eager" else torch.compile(
-                model, backend="fxopt", options={"reports": reports, "strict": True, "training_cuda_graphs": True})
+                model, backend="fxopt", options={"reports": reports, "strict": True})
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             losses = []
             for x, y in batches:

@@ -69,8 +69,7 @@ def training_step(x):
     expected_grad, weight.grad = weight.grad.clone(), None
     torch._dynamo.reset()
     reports = []
-    loss = torch.compile(step, backend="fxopt", options={"reports": reports, "strict": True,
-                                                         "training_cuda_graphs": True})(x)
+    loss = torch.compile(step, backend="fxopt", options={"reports": reports, "strict": True})(x)
     loss.backward()
     (record,) = reports
     return {"captured": captured[0], "compiled": [_op_name(line.split("(")[0]) for line in record.code.splitlines()
