@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,10 +325,9 @@ class QATModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.training:
-            self._step()
+            _outside_compiled_graphs(self._step)
         return self.gm(*args, **kwargs)
 
-    @torch.compiler.disable
     def _step(self) -> None:
         """Bookkeeping outside any compiled graph (a Python counter must not be guarded on)."""
         if not self.observers_frozen and self.freeze_observers_after is not None \
@@ -531,3 +530,16 @@ def convert_qat(qat: QATModel, example_inputs: Sequence[Any] | None = None) -> f
     PassManager([Quantize(weight_scales=scales, **options)]).run(
         gm, example_inputs or qat.example_inputs, training=False)
     return gm
+
+
+_RUN_EAGERLY: Callable[[Callable[[], None]], None] | None = None
+
+
+def _outside_compiled_graphs(fn: Callable[[], None]) -> None:
+    """Call ``fn`` where Dynamo does not trace (a Python counter must not be guarded on).
+    ``torch.compiler.disable`` is applied at the first call, not as a decorator: applied at
+    import, it imported ``torch._dynamo`` and Inductor with every pass lookup."""
+    global _RUN_EAGERLY
+    if _RUN_EAGERLY is None:
+        _RUN_EAGERLY = torch.compiler.disable(lambda step: step())
+    _RUN_EAGERLY(fn)
