@@ -38,8 +38,9 @@ them into the graph and the caller's tensor would never see the write). Shapes t
 (the last, smaller batch of an epoch) are recorded once per shape, as the trees do. A
 refused graph runs Inductor's code with plain launches, and ``CompiledGraph.no_replay``
 says why; so does a graph whose replay Inductor itself gives up (its ``cudagraph_skips``),
-caught from Inductor's log. ``retain_graph=True`` fails in AOTAutograd's donated buffers
-as it does under plain ``torch.compile``.
+caught from Inductor's log. ``retain_graph=True`` behaves as under plain ``torch.compile``
+(it raises AOTAutograd's donated-buffer error where the compiled backward came from its
+cache).
 """
 
 from __future__ import annotations
