@@ -325,16 +325,17 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         if skips:
             record.no_replay = f"Inductor gave up its CUDA graphs: {'; '.join(skips)}"
         compiled = PlainOutputs(compiled, fresh_outputs(work))
-        return _dropping_frozen_args(compiled, keep, len(example_inputs))
-    if record.no_replay is None:
-        record.no_replay = _no_replay(work, kept, training, opts, patches)
-    if record.no_replay is None:
-        compiled = GraphReplay(compiled, max_shapes=opts.replay_shapes)
-        record.replay = compiled.log
+    else:
+        if record.no_replay is None:
+            record.no_replay = _no_replay(work, kept, training, opts, patches)
+        if record.no_replay is None:
+            compiled = GraphReplay(compiled, max_shapes=opts.replay_shapes)
+            record.replay = compiled.log
     if len(keep) == len(example_inputs):
         return compiled
+    # a graph of a training step (an optimizer's update) may freeze what it only reads, too
     weights = [example_inputs[i] for i in range(len(example_inputs)) if i not in set(keep)]
-    return FrozenWeights(compiled, keep, weights, lambda args: _unfrozen(gm, args, opts, record))
+    return FrozenWeights(compiled, keep, weights, lambda args: _unfrozen(gm, args, opts, record, training))
 
 
 def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
@@ -444,21 +445,11 @@ class FrozenWeights:
 _VERSION = operator.attrgetter("_version")
 
 
-def _unfrozen(gm: fx.GraphModule, args: list[Any], opts: BackendOptions, record: CompiledGraph) -> Callable:
+def _unfrozen(gm: fx.GraphModule, args: list[Any], opts: BackendOptions, record: CompiledGraph,
+              training: bool) -> Callable:
     """``gm`` compiled by plain Inductor with its weights as inputs, after they changed."""
     record.fallback = "weights changed after the graph froze them: compiled again with weights as inputs"
-    return _plain_inductor(gm, args, opts, training=False)
-
-
-def _dropping_frozen_args(compiled: Callable, keep: list[int], total: int) -> Callable:
-    """Dynamo still passes the frozen parameters; the compiled graph no longer takes them."""
-    if len(keep) == total:
-        return compiled
-
-    def call_without_frozen(*args: Any) -> Any:
-        return compiled(*[args[i] for i in keep])
-
-    return call_without_frozen
+    return _plain_inductor(gm, args, opts, training=training)
 
 
 # --- freezing ------------------------------------------------------------------------
