@@ -220,6 +220,8 @@ def run_variant(args: argparse.Namespace) -> dict:
                 losses.append(fn(*batches[i % len(batches)]).clone())
             sync()
             times.append((time.perf_counter() - began) / args.steps)
+        if args.profile:
+            row["profile"] = profile_steps(fn, batches, cuda)
     row["step_ms"] = min(times) * 1e3
     row["step_ms_median"] = statistics.median(times) * 1e3
     if cuda:
@@ -236,13 +238,32 @@ def run_variant(args: argparse.Namespace) -> dict:
     return row
 
 
+def profile_steps(fn: Callable, batches: list, cuda: bool, steps: int = 5) -> dict:
+    """Where a step's time goes, per step: GPU kernels (count, summed time) against the
+    host's wall time, and the host ops that took the most of it (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        began = time.perf_counter()
+        for i in range(steps):
+            fn(*batches[i % len(batches)]).clone()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - began
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return {"wall_ms_per_step": wall * 1e3 / steps, "kernels_per_step": len(kernels) / steps,
+            "kernel_ms_per_step": sum(e.device_time for e in kernels) / 1e3 / steps,
+            "host_top": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)}
+
+
 # --- the parent ----------------------------------------------------------------------------
 
 def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
     path = out / f"training_{args.workload}_{variant}.json"
     command = [sys.executable, __file__, "--child", variant, "--workload", args.workload, "--steps", str(args.steps),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--out", str(path),
-               *(["--smoke"] if args.smoke else [])]
+               *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else [])]
     began = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
@@ -254,6 +275,23 @@ def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
     row = json.loads(path.read_text())
     row["process_s"] = time.perf_counter() - began
     return row
+
+
+def warm_caches(args: argparse.Namespace, out: Path) -> None:
+    """Every variant compiled in a process of its own, all at once, one step each."""
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    children = [subprocess.Popen([sys.executable, __file__, "--child", variant, "--workload", args.workload,
+                                  "--steps", "1", "--repeats", "1", "--warmup", "1",
+                                  "--out", str(out / f"{variant}.json"), *(["--smoke"] if args.smoke else [])],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for variant in args.variants.split(",")]
+    for child in children:
+        try:
+            child.wait(timeout=max(1.0, args.timeout - (time.perf_counter() - began)))
+        except subprocess.TimeoutExpired:
+            child.kill()
+    print(f"caches warmed in {time.perf_counter() - began:.0f} s", flush=True)
 
 
 def table(rows: list[dict]) -> str:
@@ -299,6 +337,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU (keeps the bench from rotting)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per variant")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="a folder (parent) or a file (child)")
+    parser.add_argument("--profile", action="store_true", help="also profile 5 steps: kernels, GPU time, host ops")
+    parser.add_argument("--warm-caches", action="store_true",
+                        help="first compile every variant at once, one step each, results dropped: the timed "
+                             "runs then meet warm Inductor caches (first_call_s is a warm-cache figure)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -306,11 +348,15 @@ def main() -> None:
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.warm_caches:
+        warm_caches(args, out / "warm")
     rows = []
     for variant in args.variants.split(","):
         rows.append(run_child(variant, args, out))
-        printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs")}
+        printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs", "profile")}
         print(json.dumps(printable), flush=True)
+        if "profile" in rows[-1]:
+            print(rows[-1]["profile"].pop("host_top"), json.dumps(rows[-1]["profile"]), sep="\n", flush=True)
     summary = table(rows)
     print(f"\n{summary}", flush=True)
     (out / f"training_{args.workload}.json").write_text(json.dumps({"rows": rows, "table": summary}, indent=1))
