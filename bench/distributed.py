@@ -9,7 +9,8 @@ gradient buckets), ``fsdp-block`` (FSDP2 ``fully_shard`` on every block, then th
 ``fsdp-model`` (``fully_shard`` on the whole model). The model is compiled (Dynamo graph-breaks
 at FSDP2's hooks, which run eagerly); the loss, backward and AdamW step run as written. Per
 wrapping and compiler: step time (best of ``--repeats`` loops of ``--steps`` steps), peak memory
-(``torch.cuda.max_memory_allocated``, the larger of the ranks, reset after the warm-up), first
+(``torch.cuda.max_memory_allocated``, the larger of the ranks, reset after the first call;
+reserved: ``max_memory_reserved`` from before the model is built, compilation included), first
 call, the losses (every rank sees its own batch; the mean over ranks is compared), and what the
 backend did with each graph. ``--device cpu`` runs the same with gloo on the CPU (small sizes),
 to check the script.
@@ -88,8 +89,6 @@ def compile_with(compiler: str, model: nn.Module, reports: list) -> nn.Module:
         return torch.compile(model, mode="reduce-overhead")
     if compiler == "fxopt":
         return fxopt.compile(model, options={"reports": reports})
-    if compiler == "fxopt-replay":
-        return fxopt.compile(model, options={"reports": reports})
     if compiler == "fxopt-plain":
         return fxopt.compile(model, options={"reports": reports, "cuda_graphs": False})
     raise SystemExit(f"unknown compiler {compiler!r}")
@@ -106,6 +105,7 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)  # the variant's reserved peak counts from here
     model = wrap(copy.deepcopy(base).to(device), how, device)
     reports: list = []
     fn = compile_with(compiler, model, reports)
@@ -127,6 +127,7 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
     sync(device)
     row["first_call_s"] = time.perf_counter() - began
     if device.type == "cuda":  # after compiling, before any CUDA-graph recording (see training.py)
+        reserved = torch.cuda.max_memory_reserved(device)
         torch.cuda.reset_peak_memory_stats(device)
     for i in range(1, args.warmup):
         losses.append(step(*batches[i % len(batches)]).clone())
@@ -141,13 +142,14 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
         times.append((time.perf_counter() - began) / args.steps)
     # the slowest rank sets the step; the fullest sets the memory
     stats = torch.tensor([min(times), statistics.median(times),
-                          torch.cuda.max_memory_allocated(device) / 1e6 if device.type == "cuda" else 0.0],
+                          torch.cuda.max_memory_allocated(device) / 1e6 if device.type == "cuda" else 0.0,
+                          max(reserved, torch.cuda.max_memory_reserved(device)) / 1e6 if device.type == "cuda" else 0.0],
                          device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     mean_losses = torch.stack(losses[: args.warmup + args.steps]).float()
     dist.all_reduce(mean_losses)
     row.update({"step_ms": float(stats[0]) * 1e3, "step_ms_median": float(stats[1]) * 1e3,
-                "peak_MB": float(stats[2]), "losses": (mean_losses / dist.get_world_size()).tolist()})
+                "peak_MB": float(stats[2]), "reserved_MB": float(stats[3]), "losses": (mean_losses / dist.get_world_size()).tolist()})
     row["graphs"] = [{"name": r.name, "training": r.training, "no_replay": r.no_replay,
                       "fallback": r.fallback} for r in reports]
     return row
@@ -156,7 +158,7 @@ def run(how: str, compiler: str, base: nn.Module, batches: list, device: torch.d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wrappings", default="ddp,fsdp-block,fsdp-model")
-    parser.add_argument("--compilers", default="inductor,inductor-ro,fxopt,fxopt-replay")
+    parser.add_argument("--compilers", default="inductor,inductor-ro,fxopt,fxopt-plain")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--dim", type=int, default=1024)
@@ -204,7 +206,7 @@ def main() -> None:
                 (Path(args.out) / "distributed.json").write_text(json.dumps(result, indent=1))
     if rank == 0:
         print(f"\n{result['device']}, torch {result['torch']}, {result['workload']}")
-        print(f"{'wrapping':11} {'compiler':12} {'step ms':>8} {'vs best Ind.':>12} {'peak MB':>8} "
+        print(f"{'wrapping':11} {'compiler':12} {'step ms':>8} {'vs best Ind.':>12} {'peak MB':>8} {'resv MB':>8} "
               f"{'first s':>8} {'max |dloss|':>11}  graphs")
         for how in args.wrappings.split(","):
             rows = [r for r in result["rows"] if r["wrapping"] == how]
@@ -219,7 +221,7 @@ def main() -> None:
                 graphs = "; ".join(f"{g['name']}: {g['no_replay'] or 'replayed'}"
                                    + (f" FALLBACK {g['fallback']}" if g["fallback"] else "") for g in r["graphs"])
                 print(f"{how:11} {r['compiler']:12} {r['step_ms']:8.2f} {best / r['step_ms']:11.2f}x "
-                      f"{r['peak_MB']:8.0f} {r['first_call_s']:8.1f} {dloss:11.2e}  {graphs[:300]}")
+                      f"{r['peak_MB']:8.0f} {r['reserved_MB']:8.0f} {r['first_call_s']:8.1f} {dloss:11.2e}  {graphs[:300]}")
     dist.destroy_process_group()
 
 

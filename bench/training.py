@@ -356,7 +356,8 @@ def main() -> None:
         printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs", "profile")}
         print(json.dumps(printable), flush=True)
         if "profile" in rows[-1]:
-            print(rows[-1]["profile"].pop("host_top"), json.dumps(rows[-1]["profile"]), sep="\n", flush=True)
+            profile = rows[-1]["profile"]
+            print(profile["host_top"], json.dumps({k: v for k, v in profile.items() if k != "host_top"}), sep="\n", flush=True)
     summary = table(rows)
     print(f"\n{summary}", flush=True)
     (out / f"training_{args.workload}.json").write_text(json.dumps({"rows": rows, "table": summary}, indent=1))
