@@ -17,7 +17,6 @@ inputs' fake values) and record the nodes they replace (:mod:`fxopt.provenance`)
 from __future__ import annotations
 
 import copy
-import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -177,17 +176,9 @@ def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None
         index.setdefault(r.anchor_op, []).append(r)
     counts = dict.fromkeys((r.name for r in rules), 0)
     writer = _Writer(gm, pass_name, records, keep_existing_attrs)
-    # a rewrite allocates a few objects per node but frees no cycles: the collector's full
-    # passes over a large graph would otherwise cost more than the matching itself
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(max_rounds):
-            if not _sweep(gm, index, counts, writer):
-                break
-    finally:
-        if collecting:
-            gc.enable()
+    for _ in range(max_rounds):
+        if not _sweep(gm, index, counts, writer):
+            break
     writer.remove_dead_attributes()
     return counts
 

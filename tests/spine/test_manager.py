@@ -397,19 +397,24 @@ def test_values_from_mixed_fake_modes_are_propagated_not_adopted():
     torch.testing.assert_close(out(x), torch.relu(x) * 2)
 
 
-def test_run_hands_the_collectors_state_back():
-    """The manager freezes the long-lived heap while passes run; afterwards the process's
-    gc state is what it was, including a freeze the caller made itself."""
+def test_passes_and_rewrites_leave_the_collector_alone_while_they_run():
+    """The cyclic collector is process-wide: neither the manager nor a rule rewrite may
+    disable or freeze it, not even while they run (another thread would see it)."""
     import gc
 
-    _, gm, inputs = _traced_demo()
-    assert gc.get_freeze_count() == 0
-    fxopt.PassManager(["cse", "dce"]).run(gm, inputs)
-    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    from fxopt.patterns import RulePass, rule
 
-    gc.freeze()
-    try:
-        fxopt.PassManager(["cse", "dce"]).run(copy.deepcopy(gm), inputs)
-        assert gc.get_freeze_count() > 0  # still the caller's freeze (objects may have died since)
-    finally:
-        gc.unfreeze()
+    seen = []
+
+    def probe(m) -> bool:  # asked during matching, i.e. in the middle of the rewrite
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
+        return True
+
+    before = (gc.isenabled(), gc.get_freeze_count())
+    _, gm, inputs = _traced_demo()
+    relu_twice = rule(lambda x: torch.relu(x), lambda x: torch.relu(torch.relu(x)), name="probe", where=probe)
+    probe_pass = type("ProbePass", (RulePass,), {"name": "probe_pass", "rules": (relu_twice,)})
+    fxopt.PassManager(["cse", probe_pass(), "dce"]).run(gm, inputs)
+    assert seen, "the rule never matched: the probe saw nothing"
+    assert set(seen) == {before}
+    assert (gc.isenabled(), gc.get_freeze_count()) == before
