@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +105,17 @@ def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
     return None
 
 
+class _QuietInThisThread(logging.Filter):
+    """Drops the records below ERROR that the thread which made it logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread or record.levelno >= logging.ERROR
+
+
 def _triton_op(name: str):
     """Define ``fxopt_quant::name`` with ``torch.library.triton_op``: the decorated function
     is the op's implementation on every device *and* its fake impl, and under
@@ -113,18 +125,19 @@ def _triton_op(name: str):
     ``torch.export`` keeps the op whole.
 
     Registration inspects the function for Triton kernels (for AOTAutograd's cache key);
-    where triton is not installed that only logs a warning, silenced here. The kernels sit
-    behind a lazy import, so that inspection finds none either way.
+    where triton is not installed that only logs a warning, silenced here for this thread
+    alone (the logger is process-wide: another thread's records pass as before). The kernels
+    sit behind a lazy import, so that inspection finds none either way.
     """
 
     def define(fn):
-        quiet = logging.getLogger("torch._library.triton")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
+        log = logging.getLogger("torch._library.triton")
+        quiet = _QuietInThisThread()
+        log.addFilter(quiet)
         try:
             op = torch.library.triton_op(f"fxopt_quant::{name}", mutates_args=())(fn)
         finally:
-            quiet.setLevel(level)
+            log.removeFilter(quiet)
         declare_op(f"fxopt_quant::{name}", pure=True)
         return op
 
