@@ -41,15 +41,7 @@ class DemoNet(nn.Module):
 
 def demo_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The demo model in eval mode with random BN statistics, and an example input."""
-    torch.manual_seed(0)
-    model = DemoNet().eval()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.2, 0.2)
-    return model, (torch.randn(2, 3, 32, 32),)
+    return reseeded(DemoNet()).eval(), (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
 
 
 # --------------------------------------------------------------------------------------
@@ -61,14 +53,50 @@ def demo_model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 # --------------------------------------------------------------------------------------
 
 
-def _randomize_batchnorm(model: nn.Module) -> nn.Module:
-    """Random BN statistics and affine parameters, so BN is not an identity in eval mode."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.2, 0.2)
+def reseeded(model: nn.Module, seed: int = 0) -> nn.Module:
+    """``model`` with weights that depend on ``seed`` alone, drawn from a generator of its own.
+
+    Why not ``torch.manual_seed``: torch's global generator is process-wide; seeding it
+    would change what every other thread, and the caller's next draw, gets. Modules drew
+    their first weights from it when built; here every floating parameter is drawn again:
+    a weight of two or more dimensions (and its module's biases) as ``nn.Linear`` and
+    ``nn.Conv*`` draw theirs (uniform within 1/sqrt(fan_in)), any other parameter from a
+    standard normal; then the norm layers get random statistics and affine parameters
+    (:func:`randomize_norms`)."""
+    generator = torch.Generator().manual_seed(seed)
+    norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, norms):
+                continue
+            own = dict(module.named_parameters(recurse=False))
+            weights = [p for p in own.values() if p.dim() >= 2]
+            bound = weights[0][0].numel() ** -0.5 if weights else None
+            for name, p in own.items():
+                if p.dim() >= 2:
+                    p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * p[0].numel() ** -0.5)
+                elif bound is not None and name.endswith("bias"):
+                    p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator))
+    return randomize_norms(model, seed)
+
+
+def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BatchNorm random running statistics, and every norm layer random affine
+    parameters: at their defaults (mean 0, variance 1, weight 1, bias 0) a rewrite that
+    drops them, or folds them wrongly, would compute the same numbers."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_mean is not None:
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=generator) - 0.5)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=generator) * 1.5 + 0.5)
+            if isinstance(m, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)):
+                if getattr(m, "weight", None) is not None:
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=generator) + 0.5)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(torch.rand(m.bias.shape, generator=generator) * 0.4 - 0.2)
     return model
 
 
@@ -268,28 +296,23 @@ class DenseNet(nn.Module):
 
 
 def resnet18() -> nn.Module:
-    torch.manual_seed(0)
-    return _randomize_batchnorm(ResNet18()).eval()
+    return reseeded(ResNet18()).eval()
 
 
 def mobilenet_v2() -> nn.Module:
-    torch.manual_seed(0)
-    return _randomize_batchnorm(MobileNetV2()).eval()
+    return reseeded(MobileNetV2()).eval()
 
 
 def transformer_encoder() -> nn.Module:
-    torch.manual_seed(0)
-    return TransformerEncoderNet().eval()
+    return reseeded(TransformerEncoderNet()).eval()
 
 
 def unet() -> nn.Module:
-    torch.manual_seed(0)
-    return _randomize_batchnorm(UNet()).eval()
+    return reseeded(UNet()).eval()
 
 
 def densenet() -> nn.Module:
-    torch.manual_seed(0)
-    return _randomize_batchnorm(DenseNet()).eval()
+    return reseeded(DenseNet()).eval()
 
 
 #: the zoo: name -> factory of a random-init eval-mode model

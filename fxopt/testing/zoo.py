@@ -25,24 +25,6 @@ from fxopt.numerics import tolerance_for
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Give every BatchNorm random running statistics, and every norm layer random affine
-    parameters: at their defaults (mean 0, variance 1, weight 1, bias 0) a rewrite that
-    drops them, or folds them wrongly, would compute the same numbers."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_mean is not None:
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=generator) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=generator) * 1.5 + 0.5)
-            if isinstance(m, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)):
-                if getattr(m, "weight", None) is not None:
-                    m.weight.copy_(torch.rand(m.weight.shape, generator=generator) + 0.5)
-                if getattr(m, "bias", None) is not None:
-                    m.bias.copy_(torch.rand(m.bias.shape, generator=generator) * 0.4 - 0.2)
-    return model
-
-
 # --- motifs ---------------------------------------------------------------------------
 
 
@@ -224,8 +206,7 @@ class ZooCase:
         return self.tolerances.get(dtype) or tolerance_for(dtype)
 
     def model(self, dtype: torch.dtype = torch.float32) -> nn.Module:
-        torch.manual_seed(0)
-        return randomize_norms(self.build()).eval().to(dtype)
+        return models.reseeded(self.build()).eval().to(dtype)
 
     def inputs(self, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[Any, ...]:
         return self.make_inputs(dtype, torch.Generator().manual_seed(seed))

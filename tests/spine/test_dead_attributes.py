@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import fxopt
 from fxopt.graph_utils import drop_unused_attributes
-from fxopt.testing.zoo import randomize_norms
+from fxopt.models import randomize_norms
 
 
 class ConvBN(nn.Module):

@@ -525,3 +525,26 @@ def test_quieting_a_torch_logger_silences_only_the_thread_that_asked():
         log.removeFilter(quiet)
         log.removeHandler(handler)
     assert seen == ["here: an error passes", "other thread: passes"]
+
+
+@pytest.mark.parametrize("build", ["demo", "zoo"])
+def test_building_a_model_neither_seeds_nor_depends_on_the_global_generator(build):
+    """The demo and zoo factories give the same weights whatever the global generator's
+    state, and never seed it (process-wide: another thread's draws would repeat)."""
+    from fxopt.models import demo_model
+    from fxopt.testing.zoo import select
+
+    def make():
+        if build == "demo":
+            return demo_model()[0]
+        return select(tags=("conv",))[0].model()
+
+    torch.manual_seed(123)
+    first = make()
+    state_after_first = torch.get_rng_state()
+    torch.manual_seed(987)
+    second = make()
+    # a factory that seeded the generator would leave it in one state whatever it met
+    assert not torch.equal(state_after_first, torch.get_rng_state())
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
