@@ -6,7 +6,10 @@ compiled forward and backward is a microsecond of step time. This script measure
 cost apart from the GPU: a model small enough that its kernels take almost nothing (an
 8-layer MLP of width 64 at batch 8 by default, or a small conv net), trained with SGD with
 momentum, compiled the same way with ``backend="inductor"`` and with fxopt's backend with
-its replay off (``cuda_graphs=False``), in two modes:
+its replay off (``cuda_graphs=False``), in two modes (``--variants`` adds others:
+``fxopt-wrap``, Inductor inside the wrapper of fxopt's replayed training graphs, without
+CUDA graphs, so that the replay path's own cost shows on a CPU; on CUDA ``inductor-ro``
+and ``fxopt`` with its replay on):
 
 - ``whole``: the whole step compiled (forward, loss, backward, optimizer update,
   ``zero_grad``), as ``bench/training.py`` compiles it;
@@ -26,6 +29,7 @@ depend on the machine's load, so they show a removed cost even where the timings
 
     python bench/host_cost.py                                   # CPU, MLP, both modes
     python bench/host_cost.py --model conv --profile
+    python bench/host_cost.py --variants inductor,fxopt-wrap --layers 80   # the replay path's wrapper
     python bench/host_cost.py --device cuda --variants inductor,fxopt-plain,inductor-ro,fxopt
 """
 
@@ -79,6 +83,23 @@ def _fxopt(fn: Callable) -> Callable:
     import fxopt
 
     return fxopt.compile(fn)
+
+
+@_variant("fxopt-wrap")
+def _fxopt_wrap(fn: Callable) -> Callable:
+    """Inductor's code inside the wrapper fxopt puts around a replayed training graph
+    (fxopt.training.PlainOutputs), without CUDA graphs: the replay path's own host cost,
+    measurable on any device. Inference graphs (an optimizer update) are left plain."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from fxopt.backend import _work_copy, is_training
+    from fxopt.training import PlainOutputs, fresh_outputs
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        compiled = compile_fx(gm, example_inputs)
+        return PlainOutputs(compiled, fresh_outputs(_work_copy(gm))) if is_training(example_inputs) else compiled
+
+    return torch.compile(fn, backend=backend)
 
 
 def build(kind: str, layers: int, width: int, batch: int, device: str) -> tuple[nn.Module, list]:
