@@ -153,6 +153,9 @@ _ANCHOR = torch.zeros((), requires_grad=True)
 _ANCHOR_NODE = torch.autograd.graph.get_gradient_edge(_ANCHOR).node
 
 
+# never traced: a backward inside a compiled frame (on the CPU, or reentrant) would otherwise
+# have Dynamo compile this hook, with the engine queries as graph calls
+@torch.compiler.disable
 def _grads_out_of_pool(grad_inputs: tuple[torch.Tensor | None, ...], _: Any) -> tuple | None:
     """A hook on a replayed graph's backward node: keeps the input gradients it computes
     (in its CUDA-graph pool, where a later replay overwrites them) from reaching the caller
