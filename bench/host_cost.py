@@ -13,7 +13,10 @@ and ``fxopt`` with its replay on):
 
 - ``whole``: the whole step compiled (forward, loss, backward, optimizer update,
   ``zero_grad``), as ``bench/training.py`` compiles it;
-- ``model``: only the model compiled; loss, backward and the optimizer run eagerly.
+- ``model``: only the model compiled; loss, backward and the optimizer run eagerly;
+- ``eval`` (not run by default): the compiled model called under ``no_grad``, the inference
+  call path (fxopt freezes the weights and checks their version counters on each call;
+  the compiled code differs from Inductor's, so only the profile's fxopt frames compare).
 
 Every variant starts from the same weights and sees the same batches (the first step's
 losses are printed side by side, a check that both compiled the same function). Time per
@@ -128,8 +131,16 @@ def build(kind: str, layers: int, width: int, batch: int, device: str) -> tuple[
 
 def make_step(model: nn.Module, mode: str, compile_with: Callable[[Callable], Callable]) -> Callable:
     """One training step over its own copy of ``model`` and its own optimizer, compiled
-    whole or model-only."""
+    whole or model-only; or (``eval``) one call of the compiled model under ``no_grad``."""
     model = copy.deepcopy(model)
+    if mode == "eval":
+        compiled = compile_with(model.eval())
+
+        def evaluate(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return F.cross_entropy(compiled(x), y)
+
+        return evaluate
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     for p in model.parameters():  # optimizer state made before compiling, as bench/training.py does
         p.grad = torch.zeros_like(p)
