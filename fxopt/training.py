@@ -46,6 +46,7 @@ cache).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -139,9 +140,16 @@ _PENDING = _PendingGrads()
 def _generation() -> int:
     """The CUDA-graph trees' current generation (a new one starts with each new
     ``torch.compile`` invocation, or at ``torch.compiler.cudagraph_mark_step_begin``)."""
+    return _trees().get_curr_generation()
+
+
+@functools.cache
+def _trees() -> type:
+    """Inductor's CUDA-graph tree manager, imported once (an import statement costs about
+    a microsecond on every call, and this runs two or three times a step)."""
     from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 
-    return CUDAGraphTreeManager.get_curr_generation()
+    return CUDAGraphTreeManager
 
 
 #: a leaf that the cloned outputs of every replayed graph also take (:class:`_ClonedOut`), so
