@@ -149,7 +149,10 @@ def test_around_aot_autograd_the_gradients_handed_to_grad_are_the_ones_the_hook_
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["outputs", "view-of-intermediate"])
-def test_around_aot_autograd_autograd_grad_returns_copies_equal_to_eager(view):
+@pytest.mark.parametrize("how", ["autograd.grad", "backward(inputs=)"])
+def test_around_aot_autograd_a_partial_backward_gets_copies_equal_to_eager(view, how):
+    """``torch.autograd.grad`` and ``.backward(inputs=...)`` run only part of the graph: the
+    hook copies every gradient (nothing is noted for a later replay to copy)."""
     from fxopt import training
 
     torch.manual_seed(0)
@@ -159,13 +162,17 @@ def test_around_aot_autograd_autograd_grad_returns_copies_equal_to_eager(view):
     x = torch.randn(5, 6)
     loss = _loss(compiled(x))
     before = list(training._PENDING.grads)
-    got = torch.autograd.grad(loss, list(model.parameters()))
-    want = torch.autograd.grad(_loss(eager(x)), list(eager.parameters()))
+    params, eager_params = list(model.parameters())[:2], list(eager.parameters())[:2]
+    if how == "autograd.grad":
+        got = torch.autograd.grad(loss, params)
+        assert all(p.grad is None for p in model.parameters())
+    else:
+        loss.backward(inputs=params)
+        got = [p.grad for p in params]
+    want = torch.autograd.grad(_loss(eager(x)), eager_params)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-    # a copy for the caller: the hook notes nothing for a later replay to copy
     assert training._PENDING.grads == before
-    assert all(p.grad is None for p in model.parameters())
 
 
 def test_the_compiled_graph_gets_the_callers_parameters_themselves():
