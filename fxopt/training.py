@@ -173,10 +173,11 @@ def _grads_out_of_pool(grad_inputs: tuple[torch.Tensor | None, ...], _: Any) -> 
     drops ``.grad`` before the next step), but the stolen ones are noted and copied out before
     a later generation replays (:class:`_PendingGrads`).
 
-    Why a hook on the node, not an autograd Function in front of the graph's inputs (as
-    before): such a Function made one view per trained input on every forward, about 1.4 us
-    each on a 2-core CPU, 223 us a step for resnet50's 161 parameters (bench/RESULTS.md,
-    "Host cost per call"); the hook costs one registration per call, whatever the count."""
+    Why a hook on the node rather than an autograd Function that every trained input passes
+    through: such a Function made an autograd view of each input on every call, 2.5-3 us per
+    input and step on a 2-core CPU, about 0.45 ms a step at resnet50's count of parameters;
+    the hook is registered once per call, whatever the count (bench/host_cost.py;
+    bench/RESULTS.md, "Host cost per call (issue 29)")."""
     if not torch._C._will_engine_execute_node(_ANCHOR_NODE):
         return tuple(None if g is None else g.clone() for g in grad_inputs)
     edges = torch._C._current_autograd_node().next_functions
