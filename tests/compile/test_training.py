@@ -2,6 +2,7 @@
 memory budget (fxopt.memory.budget), and, on a GPU, that a replayed step is a plain step."""
 
 import copy
+import inspect
 import warnings
 
 import pytest
@@ -173,6 +174,33 @@ def test_around_aot_autograd_a_partial_backward_gets_copies_equal_to_eager(view,
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     assert training._PENDING.grads == before
+
+
+def test_a_backward_inside_a_compiled_step_runs_the_hook_untraced():
+    """A step compiled whole runs its backward inside Dynamo's frame (on the CPU, on the
+    calling thread): Dynamo must not compile the gradient hook (it did, with the engine's
+    queries as graph calls), and the step still trains as eager does."""
+    from fxopt import training
+
+    torch.manual_seed(0)
+    model = _Mlp(False)
+    eager = copy.deepcopy(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+
+    def step(m, opt, x):
+        _loss(m(x)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    compiled = torch.compile(step, backend=_inductor_in_plain_outputs())
+    for _ in range(3):
+        x = torch.randn(5, 6)
+        compiled(model, opts[0], x)
+        step(eager, opts[1], x)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    hook = inspect.unwrap(training._grads_out_of_pool)
+    assert torch._C._dynamo.eval_frame._debug_get_cache_entry_list(hook.__code__) == []
 
 
 def test_the_compiled_graph_gets_the_callers_parameters_themselves():
