@@ -46,13 +46,15 @@ cache).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.autograd.function import BackwardCFunction
 from torch.utils._pytree import tree_flatten
 
 from fxopt.analysis import ops
@@ -138,44 +140,82 @@ _PENDING = _PendingGrads()
 def _generation() -> int:
     """The CUDA-graph trees' current generation (a new one starts with each new
     ``torch.compile`` invocation, or at ``torch.compiler.cudagraph_mark_step_begin``)."""
+    return _trees().get_curr_generation()
+
+
+@functools.cache
+def _trees() -> type:
+    """Inductor's CUDA-graph tree manager, imported once (an import statement costs about
+    a microsecond on every call, and this runs two or three times a step)."""
     from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 
-    return CUDAGraphTreeManager.get_curr_generation()
+    return CUDAGraphTreeManager
 
 
-#: a leaf that every _GradsOutOfPool node also takes, so that its backward can tell who runs it
+#: a leaf that the cloned outputs of every replayed graph also take (:class:`_ClonedOut`), so
+#: that its accumulator is in the graph of every backward through them: the engine runs it
+#: in a ``.backward()`` without ``inputs=``, and never in ``torch.autograd.grad`` (or under
+#: ``inputs=``), which runs only what leads to what it returns
 _ANCHOR = torch.zeros((), requires_grad=True)
+#: held here so that every graph meets this one accumulator (a leaf keeps its own weakly)
+_ANCHOR_NODE = torch.autograd.graph.get_gradient_edge(_ANCHOR).node
 
 
-class _GradsOutOfPool(torch.autograd.Function):
-    """Identity on the way forward; on the way back, keeps the input gradients of a
-    replayed backward (which live in its CUDA-graph pool, where a later replay overwrites
-    them) from reaching the caller in the pool. ``torch.autograd.grad`` returns them to
-    the caller: copied here (told apart from ``.backward()`` by whether the engine runs
-    the accumulator of ``_ANCHOR``, a leaf no caller asks for). ``.backward()`` hands a leaf's gradient to ``AccumulateGrad``,
-    which adds it into ``.grad`` at once or, when ``.grad`` is None, steals it: no copy here
-    (the common loop drops ``.grad`` before the next step), but the stolen ones are noted
-    and copied out before a later generation replays (:class:`_PendingGrads`). One node for
-    all inputs: one Python call per step."""
+# never traced: a backward inside a compiled frame (on the CPU, or reentrant) would otherwise
+# have Dynamo compile this hook, with the engine queries as graph calls
+@torch.compiler.disable
+def _grads_out_of_pool(grad_inputs: tuple[torch.Tensor | None, ...], _: Any) -> tuple | None:
+    """A hook on a replayed graph's backward node: keeps the input gradients it computes
+    (in its CUDA-graph pool, where a later replay overwrites them) from reaching the caller
+    in the pool. ``torch.autograd.grad`` returns them to the caller: copied here.
+    ``.backward()`` hands a leaf's gradient to ``AccumulateGrad``, which adds it into
+    ``.grad`` at once or, when ``.grad`` is None, steals it: no copy here (the common loop
+    drops ``.grad`` before the next step), but the stolen ones are noted and copied out before
+    a later generation replays (:class:`_PendingGrads`).
+
+    Why a hook on the node rather than an autograd Function that every trained input passes
+    through: such a Function made an autograd view of each input on every call, 2.5-3 us per
+    input and step on a 2-core CPU, about 0.45 ms a step at resnet50's count of parameters;
+    the hook is registered once per call, whatever the count (bench/host_cost.py;
+    bench/RESULTS.md, "Host cost per call (issue 29)")."""
+    if not torch._C._will_engine_execute_node(_ANCHOR_NODE):
+        return tuple(None if g is None else g.clone() for g in grad_inputs)
+    edges = torch._C._current_autograd_node().next_functions
+    handed = [0 if g is None else g.data_ptr() for g in grad_inputs]
+    generation = _generation()
+    with _PENDING.lock:
+        if _PENDING.generation != generation:
+            _PENDING.generation, _PENDING.grads = generation, []
+        _PENDING.grads.append((edges, handed))
+    return None
+
+
+class _ClonedOut(torch.autograd.Function):
+    """Copies of a replayed graph's outputs (out of its pool), as one autograd node that
+    also takes :data:`_ANCHOR`; gradients pass through unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return inputs  # autograd makes each a view of its input, in C++ (no Python call each)
+    def forward(ctx: Any, anchor: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)  # an output the loss never used gets no zeros made for it
+        return tuple(o.clone() for o in outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        edges = ctx.next_functions
-        # .backward() without inputs= runs every node of the graph, _ANCHOR's AccumulateGrad
-        # too; torch.autograd.grad (and inputs=) runs only what leads to what it returns
-        if not torch._C._will_engine_execute_node(edges[0][0]):
-            return (None, *(None if g is None else g.clone() for g in grads))
-        handed = [0 if g is None else g.data_ptr() for g in grads]
-        generation = _generation()
-        with _PENDING.lock:
-            if _PENDING.generation != generation:
-                _PENDING.generation, _PENDING.grads = generation, []
-            _PENDING.grads.append((edges[1:], handed))
         return (None, *grads)
+
+
+def _backward_node(outputs: Iterable[torch.Tensor]) -> torch.autograd.graph.Node | None:
+    """The autograd node of the compiled graph (AOTAutograd's ``CompiledFunction``) that
+    made ``outputs``: an output's own node, or, for a view of one of the graph's
+    intermediates that AOTAutograd regenerated, the node its view nodes lead back to."""
+    for out in outputs:
+        node = out.grad_fn
+        while node is not None and not isinstance(node, BackwardCFunction):
+            edges = node.next_functions
+            node = edges[0][0] if edges else None
+        if node is not None:
+            return node
+    return None
 
 
 def _copy_stolen_grads() -> None:
@@ -196,9 +236,10 @@ def _copy_stolen_grads() -> None:
 
 class PlainOutputs:
     """A compiled training graph replayed by Inductor's CUDA-graph trees, with plain-call
-    semantics: each output in ``fresh`` is cloned out of the pool (autograd records the
-    clone, so gradients flow), and the gradients its backward computes for the inputs
-    never reach the caller in the pool (:class:`_GradsOutOfPool`)."""
+    semantics: each output in ``fresh`` is cloned out of the pool (through
+    :class:`_ClonedOut` where autograd records it, so gradients flow), and the gradients its
+    backward computes for the inputs never reach the caller in the pool (a hook,
+    :func:`_grads_out_of_pool`, on the graph's backward node)."""
 
     def __init__(self, compiled: Callable, fresh: Sequence[bool]):
         self.compiled = compiled
@@ -206,19 +247,23 @@ class PlainOutputs:
 
     def __call__(self, *args: Any) -> Any:
         _copy_stolen_grads()
-        if torch.is_grad_enabled():
-            trained = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-            if trained:
-                args = list(args)
-                for i, view in zip(trained, _GradsOutOfPool.apply(_ANCHOR, *(args[i] for i in trained))):
-                    args[i] = view
         outputs = self.compiled(*args)
-        if not isinstance(outputs, list | tuple):
-            return outputs.clone() if self.fresh and self.fresh[0] else outputs
-        cloned = [o.clone() if fresh and isinstance(o, torch.Tensor) else o
-                  for o, fresh in zip(outputs, self.fresh)]
-        cloned += list(outputs[len(cloned):])
-        return type(outputs)(cloned) if isinstance(outputs, tuple) else cloned
+        single = not isinstance(outputs, list | tuple)
+        flat = [outputs] if single else list(outputs)
+        fresh = [i for i, (o, f) in enumerate(zip(flat, self.fresh)) if f and isinstance(o, torch.Tensor)]
+        trained = [i for i in fresh if flat[i].requires_grad]  # none where autograd is off
+        if trained:
+            node = _backward_node(flat[i] for i in trained)
+            if node is not None:  # None: no gradient of the graph's inputs flows back through it
+                node.register_hook(_grads_out_of_pool)
+            for i, copy in zip(trained, _ClonedOut.apply(_ANCHOR, *(flat[i] for i in trained))):
+                flat[i] = copy
+        for i in fresh:
+            if i not in trained:
+                flat[i] = flat[i].clone()
+        if single:
+            return flat[0]
+        return type(outputs)(flat) if isinstance(outputs, tuple) else flat
 
 
 class _SkipCatcher(logging.Handler):
