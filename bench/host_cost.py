@@ -34,6 +34,7 @@ depend on the machine's load, so they show a removed cost even where the timings
     python bench/host_cost.py --model conv --profile
     python bench/host_cost.py --variants inductor,fxopt-wrap --layers 80   # the replay path's wrapper
     python bench/host_cost.py --device cuda --variants inductor,fxopt-plain,inductor-ro,fxopt
+    python bench/host_cost.py --device cuda --model resnet50 --modes whole --rounds 3 --steps 10 --warmup 3
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import cProfile
 import json
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,8 +123,14 @@ def build(kind: str, layers: int, width: int, batch: int, device: str) -> tuple[
             body += [nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
         model = nn.Sequential(*body, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
         shape = (batch, 3, 8, 8)
+    elif kind == "resnet50":  # the real workload of bench/training.py: bf16, channels-last, batch 32
+        sys.path.insert(0, str(Path(__file__).parent))
+        from training import workload
+
+        model, batches, _, _ = workload("resnet50", smoke=False, device=device)
+        return model, batches
     else:
-        raise SystemExit(f"unknown model {kind!r} (mlp, conv)")
+        raise SystemExit(f"unknown model {kind!r} (mlp, conv, resnet50)")
     model = model.to(device)
     batches = [(torch.randn(*shape, device=device, generator=gen),
                 torch.randint(0, 10, (batch,), device=device, generator=gen)) for _ in range(4)]
@@ -217,7 +225,9 @@ def report_profile(base: dict, other: dict, base_name: str, other_name: str, top
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="mlp", choices=("mlp", "conv"))
+    parser.add_argument("--model", default="mlp", choices=("mlp", "conv", "resnet50"),
+                        help="resnet50: bench/training.py's (torchvision, bf16, channels-last, batch 32; "
+                             "--layers/--width/--batch do not apply)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
