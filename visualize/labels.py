@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import graphviz
 import torch
 import torch.fx as fx
 
@@ -53,8 +54,10 @@ def html_text(text: str, limit: int | None = None) -> str:
 
 
 def attr_text(text: str, limit: int | None = 2000) -> str:
-    """``text`` for a quoted DOT attribute (tooltips): ``graphviz`` quotes the ``"``."""
-    return clean(text, limit).replace("\\", "\\\\" + WORD_JOINER)
+    """``text`` for a quoted DOT attribute (tooltips): ``graphviz`` quotes the ``"``, and
+    :func:`graphviz.nohtml` keeps it from taking a text in ``<...>`` for an HTML-like label
+    (it would write it unquoted: ``<!-- ... >`` then opens a comment that never ends)."""
+    return graphviz.nohtml(clean(text, limit).replace("\\", "\\\\" + WORD_JOINER))
 
 
 def safe_repr(value: Any, limit: int = 200) -> str:
@@ -226,4 +229,4 @@ def tooltip(node: fx.Node, root: torch.nn.Module | None = None) -> str:
     """The full, uncut description shown when hovering a node in an SVG."""
     parts = [f"{node.name} = {node.op} {target_text(node, root)}{args_text(node)}",
              value_text(meta_value(node), 400)]
-    return "\\n".join(attr_text(p) for p in parts if p)  # DOT's \n: a line break
+    return graphviz.nohtml("\\n".join(attr_text(p) for p in parts if p))  # DOT's \n: a line break

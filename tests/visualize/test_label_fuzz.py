@@ -102,3 +102,18 @@ def test_any_label_renders_in_a_diff(renderer: str, graph: fx.Graph) -> None:
         last.kwargs = {**last.kwargs, "changed": "<&>"}
     del env
     shown(render_diff(graph, after, "svg"))
+
+
+def test_a_description_in_angle_brackets_stays_a_quoted_tooltip(renderer: str) -> None:
+    """Found by the fuzz test above: a node named ``<!--`` whose target is ``<TABLE>`` has
+    the tooltip ``<!-- = get_attr <TABLE>``, which the graphviz package took for an
+    HTML-like string and wrote unquoted; the renderer then read an unterminated comment."""
+    g = fx.Graph()
+    g.placeholder("x")
+    node = g.create_node("get_attr", "<TABLE>", (), {})
+    node.name = "<!--"
+    g.output(node)
+    svg = render(g, "svg")
+    assert clean("<!--", 60) in shown(svg)
+    tooltips = [v for el in ET.fromstring(svg.encode("utf-8")).iter() for v in el.attrib.values()]
+    assert any(v.startswith("<!-- = get_attr <TABLE>") for v in tooltips)
