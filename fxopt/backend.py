@@ -21,7 +21,9 @@ drops those arguments. Inductor's own
 up as Inductor constants. After the user's passes, the layout passes of
 :mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
 cores (channels-last weights, as Inductor's freezing does for the convolutions it sees,
-and RGB stems padded to 8 channels). Like Inductor's freezing, the compiled graph keeps the weight
+and RGB stems padded to 8 channels). On every inference graph, attention whose sizes are
+symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.passes.attention`:
+Inductor would compile the fp32 math fallback). Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
 Training graphs are never frozen and inference-only passes are skipped on them, with a
 line in the report.
@@ -61,6 +63,7 @@ from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass, PassResult
+from fxopt.passes.attention import DeferSdpaChoice
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
 from fxopt.replay import GraphReplay, ReplayLog
@@ -288,6 +291,8 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         constant = bool(frozen) or _traced_frozen(work, training, opts)
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
+        if not training:  # Inductor cannot choose a fused attention kernel for symbolic sizes
+            passes.append(DeferSdpaChoice())
         report = PassManager(passes, hooks=hooks).run(work, training=training)
         report.records[:0] = freezing
         if opts.memory_budget is not None and not training:

@@ -1,0 +1,102 @@
+"""``defer_sdpa_choice``: attention with symbolic sizes calls SDPA at run time (fxopt.sdpa)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fxopt
+import fxopt.passes.attention  # noqa: F401 - registers torch.ops.fxopt.sdpa
+
+
+class Attention(nn.Module):
+    """Self-attention over [batch, length, 32] with 4 heads and an optional padding mask,
+    the way encoder models call SDPA."""
+
+    def __init__(self, masked: bool = True, dropout_p: float = 0.0):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, 32)
+        self.masked, self.dropout_p = masked, dropout_p
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        mask = (torch.arange(s, device=x.device) >= 0).view(1, 1, 1, s).expand(b, 1, s, s) if self.masked else None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p, scale=0.3)
+        return self.out(y.transpose(1, 2).reshape(b, s, 32))
+
+
+def _compile(model, **kwargs):
+    reports = []
+    return torch.compile(model, backend="fxopt", options={"reports": reports}, **kwargs), reports
+
+
+def _replaced(reports):
+    return [r.stats["replaced"] for rep in reports if rep.report is not None
+            for _, r in rep.report.walk() if r.name == "defer_sdpa_choice" and r.changed]
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_symbolic_attention_runs_sdpa_at_run_time_with_eager_results(masked):
+    model = Attention(masked).eval()
+    compiled, reports = _compile(model, dynamic=True)
+    with torch.no_grad():
+        for length in (5, 12, 7):
+            x = torch.randn(3, length, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert _replaced(reports) == [1]
+    assert all("torch.ops.fxopt.sdpa.default" in r.code and "scaled_dot_product_attention(" not in r.code
+               for r in reports)
+
+
+def test_static_sizes_dropout_and_training_keep_torch_sdpa():
+    with torch.no_grad():  # static sizes: Inductor's choice is eager's
+        compiled, reports = _compile(Attention().eval(), dynamic=False)
+        compiled(torch.randn(2, 6, 32))
+        assert reports and not _replaced(reports)
+        torch._dynamo.reset()
+        compiled, reports = _compile(Attention(dropout_p=0.25).eval(), dynamic=True)
+        compiled(torch.randn(2, 6, 32))  # a random draw stays in the graph
+        assert reports and not _replaced(reports)
+    torch._dynamo.reset()
+    model = Attention()  # training: the op has no backward, the pass is inference-only
+    compiled, reports = _compile(model, dynamic=True)
+    compiled(torch.randn(2, 6, 32)).sum().backward()
+    assert reports and not _replaced(reports)
+    assert model.qkv.weight.grad is not None
+
+
+CASES = {
+    "4-d, bool mask broadcast over heads": dict(q=(2, 4, 9, 16), k=(2, 4, 11, 16), v=(2, 4, 11, 8),
+                                                 mask=lambda: torch.rand(2, 1, 9, 11) > 0.3),
+    "4-d, float mask, scale": dict(q=(2, 3, 5, 8), k=(2, 3, 5, 8), v=(2, 3, 5, 8),
+                                   mask=lambda: torch.randn(5, 5), scale=0.5),
+    "4-d, causal": dict(q=(1, 2, 7, 8), k=(1, 2, 7, 8), v=(1, 2, 7, 8), is_causal=True),
+    "4-d, grouped-query": dict(q=(2, 8, 6, 8), k=(2, 2, 6, 8), v=(2, 2, 6, 8), enable_gqa=True),
+    "3-d": dict(q=(3, 6, 8), k=(3, 10, 8), v=(3, 10, 4)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_op_matches_sdpa_and_its_fake_declares_the_real_layout(case):
+    spec = CASES[case]
+    q, k, v = (torch.randn(spec[n]) for n in "qkv")
+    mask = spec["mask"]() if "mask" in spec else None
+    args = (q, k, v, mask, 0.0, spec.get("is_causal", False), spec.get("scale"), spec.get("enable_gqa", False))
+    out = torch.ops.fxopt.sdpa(*args)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=args[5], scale=args[6],
+                                              enable_gqa=args[7])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fxopt.sdpa(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    assert fake.shape == out.shape and fake.dtype == out.dtype
+    assert [s for n, s in zip(out.shape, out.stride()) if n > 1] == \
+        [s for n, s in zip(fake.shape, fake.stride()) if n > 1]
+
+
+def test_graph_without_recorded_values_is_left_alone():
+    gm = torch.fx.symbolic_trace(Attention(masked=False).eval())
+    before = gm.code
+    out = fxopt.optimize(gm, passes=["defer_sdpa_choice{symbolic_only=false}"])
+    assert out.code == before
