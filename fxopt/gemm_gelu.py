@@ -179,18 +179,22 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return run_choice(x, weight, bias, decision.choice)
 
 
-def _decide(x: Tensor, weight: Tensor, bias: Tensor | None, reps: int = 7) -> Decision:
-    """Time the reference and every candidate on the call's own operands; keep the fastest
-    (the reference on a tie: it is timed first and only a strictly faster one replaces it)."""
+def _decide(x: Tensor, weight: Tensor, bias: Tensor | None, reps: int = 7,
+            timer: Callable[[Callable[[], Any], torch.device, int], float] | None = None) -> Decision:
+    """Time the reference and every candidate on the call's own operands with ``timer``
+    (default :func:`time_ms`); keep the fastest (the reference on a tie: it is timed first
+    and only a strictly faster one replaces it). A configuration Triton cannot build here
+    (out of shared memory, an unsupported dot) is recorded as None and skipped."""
     import triton
 
+    timer = timer or time_ms
     unrunnable = (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError)
     choices: list[Choice] = ["reference", *candidate_configs(weight.shape[0], x.shape[-1])]
     timings: dict[str, float | None] = {}
     best, best_ms = "reference", float("inf")
     for choice in choices:
         try:
-            ms = time_ms(lambda choice=choice: run_choice(x, weight, bias, choice), x.device, reps)
+            ms = timer(lambda choice=choice: run_choice(x, weight, bias, choice), x.device, reps)
         except unrunnable:
             timings[str(choice)] = None
             continue

@@ -72,3 +72,31 @@ def test_kernel_takes_strided_operands(bias):
     for x in (nhwc, sliced):
         assert kernel_applies(x, w_t, b) and x.reshape(-1, 24).data_ptr() == x.data_ptr()
         _check(run_config(x, w_t, b, TILES[0]), x, w_t, b)
+
+
+def test_decision_keeps_the_fastest_and_skips_what_cannot_build():
+    """The choice logic with scripted times (each candidate still runs once, so a broken
+    launch would fail here): the fastest wins, a tie keeps the reference, and a
+    configuration Triton cannot build is recorded as None."""
+    import triton
+
+    from fxopt.gemm_gelu import _decide, candidate_configs
+
+    x, w = torch.randn(20, 64, dtype=torch.float16), (torch.randn(40, 64) / 8).to(torch.float16)
+    configs = [str(c) for c in candidate_configs(40, 64)]
+
+    def scripted(times):
+        def timer(launch, device, reps):
+            name = next(iter(times))
+            value = times.pop(name)
+            if value is None:
+                raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+            _check(launch(), x, w, None)
+            return value
+        return timer
+
+    fastest = {"reference": 3.0, configs[0]: None, configs[1]: 1.0, **{c: 2.0 for c in configs[2:]}}
+    decision = _decide(x, w, None, timer=scripted(dict(fastest)))
+    assert str(decision.choice) == configs[1] and decision.timings == fastest
+    tie = {"reference": 1.0, **{c: 1.0 for c in configs}}
+    assert _decide(x, w, None, timer=scripted(dict(tie))).choice == "reference"
