@@ -204,9 +204,10 @@ def _decide(x: Tensor, weight: Tensor, bias: Tensor | None, reps: int = 7,
     return Decision(best, timings)
 
 
-#: GPU cycles to sleep before a timed batch: ~1 ms at H100 clocks, longer than the host
-#: needs to enqueue the batch, so the events time the GPU alone
-_SLEEP_CYCLES = 2_000_000
+#: GPU cycles to sleep per timed run before the batch: ~100 us at H100 clocks, more than the
+#: host needs to enqueue one run (a Triton launch, a compiled function's guards), so the
+#: events time the GPU alone
+_SLEEP_CYCLES_PER_RUN = 200_000
 
 
 def time_ms(launch: Callable[[], Any], device: torch.device, reps: int) -> float:
@@ -216,7 +217,7 @@ def time_ms(launch: Callable[[], Any], device: torch.device, reps: int) -> float
     for it: in a model the GPU is busy with earlier work while the host launches."""
     launch()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda._sleep(_SLEEP_CYCLES)
+    torch.cuda._sleep(_SLEEP_CYCLES_PER_RUN * reps)
     for start, end in events:
         start.record()
         launch()
