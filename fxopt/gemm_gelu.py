@@ -91,7 +91,7 @@ def candidate_configs(n: int, k: int) -> list[Config]:
     configs = [Config(128, 128, bk, 4, 4), Config(128, 128, bk, 8, 3), Config(64, 128, bk, 4, 4),
                Config(128, 64, bk, 4, 4)]
     if n % 256 == 0:
-        configs.insert(0, Config(128, 256, 64, 8, 3))
+        configs.insert(0, Config(128, 256, bk, 8, 3))
     return configs
 
 
@@ -103,14 +103,16 @@ def m_bucket(m: int) -> int:
 
 def kernel_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """The kernel's preconditions: fp16/bf16 throughout, one device, ``weight [N, K]`` with
-    ``K == x.shape[-1]``, a bias of ``[N]``, and nothing empty. Anything else runs the
+    ``K == x.shape[-1]``, a dense bias of ``[N]``, and nothing empty. Anything else runs the
     reference, which raises torch's own error for what does not fit at all."""
     if x.dtype not in KERNEL_DTYPES or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1:
         return False
     n, k = weight.shape
     if x.shape[-1] != k or x.device != weight.device or x.numel() == 0 or n == 0 or k == 0:
         return False
-    return bias is None or (bias.dtype == x.dtype and bias.shape == (n,) and bias.device == x.device)
+    # the kernel reads the bias as a dense vector
+    return bias is None or (bias.dtype == x.dtype and bias.shape == (n,) and bias.device == x.device
+                            and bias.stride(0) == 1)
 
 
 def run_config(x: Tensor, weight: Tensor, bias: Tensor | None, config: Config) -> Tensor:

@@ -178,3 +178,18 @@ def test_decision_keys_share_an_m_bucket() -> None:
     assert key(torch.randn(300, 8), w, None) == key(torch.randn(3, 170, 8), w, None)  # both bucket 512
     assert key(torch.randn(300, 8), w, None) != key(torch.randn(600, 8), w, None)
     assert key(torch.randn(300, 8), w, None) != key(torch.randn(300, 8), w.t().contiguous().t(), None)
+
+
+def test_kernel_applies_only_where_it_reads_correctly() -> None:
+    """What the kernel would misread goes to the reference: a strided bias (read as dense),
+    mixed or full-precision dtypes, a weight that does not fit."""
+    half = torch.bfloat16
+    x, w, b = torch.randn(6, 8, dtype=half), torch.randn(4, 8, dtype=half), torch.randn(4, dtype=half)
+    assert gemm_gelu.kernel_applies(x, w, b) and gemm_gelu.kernel_applies(x, w.t().contiguous().t(), None)
+    assert gemm_gelu.kernel_applies(x.t().contiguous().t(), w, b)  # strided rows and columns
+    assert not gemm_gelu.kernel_applies(x, w, torch.randn(8, dtype=half)[::2])
+    assert not gemm_gelu.kernel_applies(x.float(), w.float(), b.float())
+    assert not gemm_gelu.kernel_applies(x, w.half(), b)
+    assert not gemm_gelu.kernel_applies(x, w, b.float())
+    assert not gemm_gelu.kernel_applies(x[:, :6], w, b)
+    assert not gemm_gelu.kernel_applies(x[:0], w, b)
