@@ -5,7 +5,9 @@ Each is a ``torch.library`` operator with three faces:
 - **eager, CUDA**: one kernel where one exists: cuDNN's fused conv+bias+ReLU
   (``torch.cudnn_convolution_relu``) and conv+bias+add+ReLU
   (``torch.cudnn_convolution_add_relu``), cuBLASLt's GEMM with a ReLU epilogue
-  (``torch._addmm_activation``), and a Triton kernel for add+ReLU;
+  (``torch._addmm_activation``), a Triton kernel for add+ReLU, and for linear + exact GELU
+  a Triton GEMM with the GELU in its epilogue where timing says it wins
+  (:mod:`fxopt.gemm_gelu`);
 - **eager, elsewhere** (CPU, unsupported dtypes or layouts): the unfused computation done
   in place on the first op's fresh result, which at least saves the intermediate tensor;
 - **compiled**: a fake (meta) implementation for shape propagation and a decomposition
@@ -16,7 +18,10 @@ Each is a ``torch.library`` operator with three faces:
   ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu`` calls and the ReLU/add
   epilogue costs no extra pass over memory. On an H100 that made resnet50 / mobilenet_v3
   1.28x / 1.39x faster than decomposing them (bench/RESULTS.md);
-  :func:`set_inductor_keeps_cudnn_fusions` (False) decomposes them too.
+  :func:`set_inductor_keeps_cudnn_fusions` (False) decomposes them too. The other: linear
+  + GELU has no decomposition at all, so Inductor calls the op as an external kernel and
+  it runs :mod:`fxopt.gemm_gelu`'s measured choice (Inductor's own lowering would be
+  cuBLAS and a separate GELU kernel, the very pass over memory the op saves).
 
 Importing this module registers the ops; :mod:`fxopt.patterns.stock` imports it.
 """
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fxopt import gemm_gelu
 from fxopt.analysis.ops import declare_op
 from fxopt.lazy import after_import
 
@@ -70,6 +76,10 @@ def conv_bias_add_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
 
 def linear_relu_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.relu(F.linear(x, weight, bias))
+
+
+def linear_gelu_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return F.gelu(F.linear(x, weight, bias))
 
 
 # --- the ops ------------------------------------------------------------------------------
@@ -184,6 +194,9 @@ for _schema, _generic, _cuda, _reference in (
      _conv_bias_add_relu_cuda, conv_bias_add_relu_reference),
     ("linear_relu(Tensor x, Tensor weight, Tensor? bias) -> Tensor", linear_relu, _linear_relu_cuda,
      linear_relu_reference),
+    # no Inductor decomposition below: it stays one external call (see the module docstring)
+    ("linear_gelu(Tensor x, Tensor weight, Tensor? bias) -> Tensor", gemm_gelu.reference,
+     gemm_gelu.linear_gelu, linear_gelu_reference),
 ):
     _name = _schema.split("(")[0]
     _LIB.define(_schema)

@@ -31,6 +31,7 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "fuse_conv_bn_relu",
     "fuse_add_relu",
     "fuse_linear_relu",
+    "fuse_linear_gelu",
     "constant_fold",
     "cse",
     "dce",

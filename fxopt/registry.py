@@ -30,6 +30,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "fuse_conv_bn_relu": "fxopt.patterns.stock",
     "fuse_add_relu": "fxopt.patterns.stock",
     "fuse_linear_relu": "fxopt.patterns.stock",
+    "fuse_linear_gelu": "fxopt.patterns.stock",
     "inplace": "fxopt.passes.inplace",
     "channels_last_weights": "fxopt.passes.layout",
     "pad_conv_channels": "fxopt.passes.layout",

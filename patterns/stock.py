@@ -214,3 +214,31 @@ register_rules(
     "fuse_linear_relu", [rule(linear_relu, linear_relu_fused, name="linear_relu")],
     "Fuse relu(linear(x)) into one op (a cuBLASLt GEMM with a ReLU epilogue on CUDA).",
     inference_only=True)
+
+
+# --- fuse_linear_gelu ------------------------------------------------------------------------
+
+def linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b))  # exact GELU: approximate="none" is a literal that must match
+
+
+def linear_gelu_fused(x, w, b):
+    return fxops.linear_gelu(x, w, b)
+
+
+def _linear_on_cuda_half(m) -> bool:
+    """The linear's value (``meta['val']``) is a CUDA fp16/bf16 tensor: where the fused
+    GEMM may win (fxopt.gemm_gelu times it against cuBLAS + GELU). Elsewhere the graph is
+    left as it was, so that CPU Inductor keeps its own fusion; without shapes nothing is
+    known and nothing fires."""
+    linear = next(g for p, g in m.nodes.items() if p in m.pattern.canon and m.pattern.canon[p].op == "linear")
+    val = linear.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_cuda and val.dtype in (torch.float16, torch.bfloat16)
+
+
+register_rules(
+    "fuse_linear_gelu",
+    [rule(linear_gelu, linear_gelu_fused, name="linear_gelu", where=_linear_on_cuda_half)],
+    "Fuse gelu(linear(x)) with exact GELU on CUDA fp16/bf16 into one op: a Triton GEMM with "
+    "the GELU in its epilogue where it times faster than cuBLAS + a GELU kernel.",
+    inference_only=True)
