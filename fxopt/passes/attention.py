@@ -13,8 +13,13 @@ length ran a call in 0.74 ms at length 128 where the symbolic graph took 1.22 ms
 
 This pass replaces each such call with ``torch.ops.fxopt.sdpa``, an opaque op that calls
 ``F.scaled_dot_product_attention`` at run time, with the call's real sizes: the kernel is
-the one eager PyTorch would pick. Inductor compiles everything around it. Results equal
-eager's, not the fp32 decomposition's; the op returns one fixed layout (``[B, L, H, E]``
+the one eager PyTorch picks for them. One layout is changed first: a mask broadcast along
+the key axis (stride 0 there, as ``mask[..., None].expand(...)`` makes it; Hugging Face's
+encoders build their padding mask so) is copied dense, since every fused kernel requires
+the mask's last stride to be 1 and eager would take the math path too (measured on BERT:
+with the mask as built, the op ran fp32 math; the copy is B x L x S bools). Inductor compiles
+everything around the op. Results equal eager's up to the kernel's rounding, not the fp32
+decomposition's; the op returns one fixed layout (``[B, L, H, E]``
 in memory, viewed as ``[B, H, L, E]``: what the fused kernels write), declared by its fake
 implementation, so that compiled code reading the output by strides reads it right.
 
@@ -62,11 +67,20 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
     return all(n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride(), strict=True))
 
 
+def dense_key_axis(mask: Tensor | None) -> Tensor | None:
+    """``mask`` with a last (key) stride of 1: a copy where it is broadcast along that axis
+    (every fused kernel requires it), else ``mask`` itself; other broadcast axes (heads,
+    batch) stay views, as the kernels take those."""
+    if mask is None or mask.dim() == 0 or mask.shape[-1] == 1 or mask.stride(-1) == 1:
+        return mask
+    return mask.contiguous()
+
+
 @torch.library.impl(_LIB, "sdpa", "CompositeExplicitAutograd")
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool,
          scale: float | None, enable_gqa: bool) -> Tensor:
     """``F.scaled_dot_product_attention``, its kernel chosen now, in the fixed layout."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_key_axis(attn_mask), dropout_p=dropout_p,
                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     layout = _output_layout(q, v)
     if _same_layout(out, layout):

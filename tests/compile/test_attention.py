@@ -100,3 +100,15 @@ def test_graph_without_recorded_values_is_left_alone():
     before = gm.code
     out = fxopt.optimize(gm, passes=["defer_sdpa_choice{symbolic_only=false}"])
     assert out.code == before
+
+
+def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_are():
+    from fxopt.passes.attention import dense_key_axis
+
+    broadcast_keys = (torch.arange(6) >= 2).view(1, 1, 6, 1).expand(2, 1, 6, 6)  # how HF builds it
+    dense = dense_key_axis(broadcast_keys)
+    assert dense.stride(-1) == 1 and torch.equal(dense, broadcast_keys)
+    broadcast_heads = torch.rand(2, 1, 6, 6).expand(2, 4, 6, 6)  # the kernels take this view
+    assert dense_key_axis(broadcast_heads) is broadcast_heads
+    one_key = torch.rand(2, 1, 6, 1)
+    assert dense_key_axis(one_key) is one_key and dense_key_axis(None) is None

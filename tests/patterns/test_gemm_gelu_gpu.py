@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxopt  # noqa: F401 - registers backend="fxopt"
+import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
 from fxopt import gemm_gelu
 
 if not torch.cuda.is_available():
