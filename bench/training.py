@@ -330,8 +330,8 @@ def _walk(trace: list[dict]) -> Iterator[tuple[int, int, dict[int, dict]]]:
 def _maker(frames: list[dict], roots: tuple[str, ...]) -> str:
     """Who made an allocation: its innermost frame in fxopt's code (``file:line function``),
     else its three innermost Python frames."""
-    for frame in frames:
-        if _realpath(frame["filename"]).startswith(roots):
+    for frame in frames:  # a relative name ("<eval_with_key>.3") is no file of fxopt's
+        if os.path.isabs(frame["filename"]) and _realpath(frame["filename"]).startswith(roots):
             return f"{os.path.basename(frame['filename'])}:{frame['line']} {frame['name']}"
     nearest = [f"{os.path.basename(f['filename'])}:{f['line']}" for f in frames if f["filename"].endswith(".py")]
     return " < ".join(nearest[:3]) or "(no Python frame)"
