@@ -34,30 +34,17 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+# bench/ is on sys.path when run as a script (torchrun runs it so): the block training.py measures
+from training import DecoderBlock
+
 import fxopt
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
 class Transformer(nn.Module):
     def __init__(self, vocab: int, d: int, layers: int, heads: int):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(DecoderBlock(d, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -24,22 +24,35 @@ reduce-overhead. ``--rounds N`` runs the whole list N times, alternating fresh p
 host-bound step's speed moves between processes by several percent): the ratios then use
 each variant's best process, and every process has its row.
 
+``--memory-history`` (CUDA only) asks what holds the reserved memory: the caching allocator's
+history is recorded over the first call and the warm-up steps, and at the point where the
+reservation peaked, the allocations made since the recording began that are still live are
+grouped by the first fxopt frame that made them (else by the nearest Python frames); the
+variant's JSON gets them under ``memory_history``. Recording costs host time: that run's
+``first_call_s`` includes it. ``--profile`` adds, per step, the host's time to issue a step
+(``host_ms_per_step``) and the wall time to its end.
+
     python bench/training.py --workload resnet50 --out $OUT
     python bench/training.py --workload transformer --variants inductor,inductor-amb0.5,fxopt-budget0.5
+    python bench/training.py --workload resnet50 --variants inductor,inductor-ro,fxopt --warmup 5 --memory-history --profile
     python bench/training.py --smoke --workload resnet50 --variants eager,fxopt-budget0.5   # CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import functools
+import importlib.util
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,15 +212,28 @@ def run_variant(args: argparse.Namespace) -> dict:
     row: dict[str, Any] = {"variant": args.child, "workload": description}
     with ctx:
         sync()
+        if args.memory_history:
+            history = {"base_reserved_MB": torch.cuda.memory_reserved() / 1e6}
+            torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
         began = time.perf_counter()
         # each loss cloned out: under reduce-overhead the returned tensor is overwritten by
         # the next step (reading a kept one raises); the clone costs every variant the same
         losses = [fn(*batches[0]).clone()]
         sync()
         row["first_call_s"] = time.perf_counter() - began
+        if args.memory_history:
+            history["first_call_peak_reserved_MB"] = torch.cuda.max_memory_reserved() / 1e6
         for i in range(1, args.warmup):
             losses.append(fn(*batches[i % len(batches)]).clone())
         sync()
+        if args.memory_history:
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            history.update(peak_live_allocations(snapshot, fxopt_roots()))
+            history["peak_reserved_MB"] = history["base_reserved_MB"] + history["peak_reserved_since_start_MB"]
+            # a full ring buffer has dropped the oldest events: the counts then start mid-run
+            history["history_full"] = history["events"] >= HISTORY_ENTRIES
+            row["memory_history"] = history
         if cuda:
             # the peaks of compilation and warm-up (CUDA-graph recordings included), read before
             # the reset that starts the timed steps' own
@@ -242,7 +268,8 @@ def run_variant(args: argparse.Namespace) -> dict:
 
 def profile_steps(fn: Callable, batches: list, cuda: bool, steps: int = 5) -> dict:
     """Where a step's time goes, per step: GPU kernels (count, summed time) against the
-    host's wall time, and the host ops that took the most of it (torch.profiler)."""
+    host's time to issue the steps and the wall time to their end, and the host ops that
+    took the most of it (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -250,13 +277,96 @@ def profile_steps(fn: Callable, batches: list, cuda: bool, steps: int = 5) -> di
         began = time.perf_counter()
         for i in range(steps):
             fn(*batches[i % len(batches)]).clone()
+        issued = time.perf_counter() - began
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - began
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    return {"wall_ms_per_step": wall * 1e3 / steps, "kernels_per_step": len(kernels) / steps,
+    return {"host_ms_per_step": issued * 1e3 / steps, "wall_ms_per_step": wall * 1e3 / steps,
+            "kernels_per_step": len(kernels) / steps,
             "kernel_ms_per_step": sum(e.device_time for e in kernels) / 1e3 / steps,
             "host_top": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)}
+
+
+# --- what holds the reserved memory (--memory-history) ------------------------------------
+
+#: allocator events the history keeps: a ring buffer, the oldest dropped beyond this
+HISTORY_ENTRIES = 2_000_000
+
+#: the trace's actions that change the reservation (segment_map/unmap: expandable segments)
+_RESERVING = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+
+_realpath = functools.lru_cache(maxsize=None)(os.path.realpath)
+
+
+def fxopt_roots() -> tuple[str, ...]:
+    """The folders fxopt's code runs from: the core and the packages installed from
+    ``patterns/`` and ``visualize/`` (an editable install maps them elsewhere)."""
+    roots = []
+    for name in ("fxopt", "fxopt.patterns", "fxopt.visualize"):
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            roots.append(os.path.join(_realpath(folder), ""))
+    return tuple(roots)
+
+
+def _walk(trace: list[dict]) -> Iterator[tuple[int, int, dict[int, dict]]]:
+    """The allocator after each event of ``trace``, counted from the recording's start:
+    bytes reserved, bytes allocated, the live allocations by address (one dict, updated)."""
+    reserved = allocated = 0
+    live: dict[int, dict] = {}
+    for event in trace:
+        action = event["action"]
+        if action in _RESERVING:
+            reserved += _RESERVING[action] * event["size"]
+        elif action == "alloc":
+            live[event["addr"]] = event
+            allocated += event["size"]
+        elif action == "free_completed" and event["addr"] in live:
+            allocated -= live.pop(event["addr"])["size"]
+        yield reserved, allocated, live
+
+
+def _maker(frames: list[dict], roots: tuple[str, ...]) -> str:
+    """Who made an allocation: its innermost frame in fxopt's code (``file:line function``),
+    else its three innermost Python frames."""
+    for frame in frames:  # a relative name ("<eval_with_key>.3") is no file of fxopt's
+        if os.path.isabs(frame["filename"]) and _realpath(frame["filename"]).startswith(roots):
+            return f"{os.path.basename(frame['filename'])}:{frame['line']} {frame['name']}"
+    nearest = [f"{os.path.basename(f['filename'])}:{f['line']}" for f in frames if f["filename"].endswith(".py")]
+    return " < ".join(nearest[:3]) or "(no Python frame)"
+
+
+def peak_live_allocations(snapshot: dict, roots: tuple[str, ...], device: int = 0, top: int = 14) -> dict:
+    """At the first event where the reservation peaked in ``torch.cuda.memory._snapshot()``'s
+    history of ``device``, the allocations made since the recording began that are still
+    live, summed by who made them (:func:`_maker`), largest first: what holds the memory a
+    variant reserves beyond another's. Allocations older than the recording are not in it."""
+    trace = snapshot["device_traces"][device]
+    peak, at = 0, -1
+    for i, (reserved, _, _) in enumerate(_walk(trace)):
+        if reserved > peak:
+            peak, at = reserved, i
+    groups: collections.Counter[str] = collections.Counter()
+    allocated = 0
+    if at >= 0:
+        _, allocated, live = next(itertools.islice(_walk(trace), at, None))
+        for event in live.values():
+            groups[_maker(event.get("frames", []), roots)] += event["size"]
+    return {"events": len(trace), "peak_reserved_since_start_MB": peak / 1e6,
+            "allocated_since_start_at_peak_MB": allocated / 1e6,
+            "top": [[maker, round(size / 1e6, 1)] for maker, size in groups.most_common(top)]}
+
+
+def history_lines(history: dict) -> list[str]:
+    """``memory_history`` as the parent prints it."""
+    lines = [f"memory history: {history['base_reserved_MB']:.0f} MB reserved before the first call, peak "
+             f"{history['peak_reserved_MB']:.0f} MB (first call's {history['first_call_peak_reserved_MB']:.0f}); of the "
+             f"{history['peak_reserved_since_start_MB']:.0f} MB reserved since, "
+             f"{history['allocated_since_start_at_peak_MB']:.0f} MB live at the peak, made by"
+             + (" (history full: the oldest events were dropped)" if history["history_full"] else "")]
+    lines += [f"  {size:9.1f} MB  {maker}" for maker, size in history["top"]]
+    return lines
 
 
 # --- the parent ----------------------------------------------------------------------------
@@ -265,7 +375,8 @@ def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
     path = out / f"training_{args.workload}_{variant}.json"
     command = [sys.executable, __file__, "--child", variant, "--workload", args.workload, "--steps", str(args.steps),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--out", str(path),
-               *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else [])]
+               *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else []),
+               *(["--memory-history"] if args.memory_history else [])]
     began = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
@@ -346,11 +457,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per variant")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="a folder (parent) or a file (child)")
     parser.add_argument("--profile", action="store_true", help="also profile 5 steps: kernels, GPU time, host ops")
+    parser.add_argument("--memory-history", action="store_true",
+                        help="record the CUDA allocator's history over the first call and the warm-up steps; "
+                             "the allocations live at the peak reservation, grouped by the fxopt frame that "
+                             "made them, go into the variant's JSON")
     parser.add_argument("--warm-caches", action="store_true",
                         help="first compile every variant at once, one step each, results dropped: the timed "
                              "runs then meet warm Inductor caches (first_call_s is a warm-cache figure)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_history and args.smoke:
+        parser.error("--memory-history reads the CUDA caching allocator's history: it needs a GPU, not --smoke")
     if args.child:
         Path(args.out).write_text(json.dumps(run_variant(args)))
         return
@@ -361,8 +478,10 @@ def main() -> None:
     rows = []
     for variant in args.variants.split(",") * args.rounds:
         rows.append(run_child(variant, args, out))
-        printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs", "profile")}
+        printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs", "profile", "memory_history")}
         print(json.dumps(printable), flush=True)
+        if "memory_history" in rows[-1]:
+            print(*history_lines(rows[-1]["memory_history"]), sep="\n", flush=True)
         if "profile" in rows[-1]:
             profile = rows[-1]["profile"]
             print(profile["host_top"], json.dumps({k: v for k, v in profile.items() if k != "host_top"}), sep="\n", flush=True)
