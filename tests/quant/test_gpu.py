@@ -109,7 +109,9 @@ def test_every_large_m_candidate_on_the_gpu(gated):
 def test_above_256_rows_the_choice_by_shape_reaches_inductors_code(by_shape, monkeypatch):
     """M > 256 on a shape without a table entry: fxopt's mixed-input GEMM compiled into
     Inductor's code (no weight-sized dequantization, no cuBLAS), or with the switch set to
-    the reference, one pointwise dequantization and cuBLAS; the same numbers either way."""
+    the reference, no fxopt kernel at all (the dequantized product is Inductor's to lower:
+    on an H100 it did not call ``extern_kernels.mm`` for this small N); the same numbers
+    either way."""
     from fxopt.quant import int8_configs, triton_kernels
 
     monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", by_shape)
@@ -123,7 +125,7 @@ def test_above_256_rows_the_choice_by_shape_reaches_inductors_code(by_shape, mon
     if by_shape == "gemm":
         assert "_gemm" in code and "extern_kernels.mm" not in code
     else:
-        assert "extern_kernels.mm" in code and "_gemm" not in code and "_gemv" not in code
+        assert "_gemm" not in code and "_gemv" not in code
     assert sqnr(x.float() @ wf.t(), out) > 35
 
 
