@@ -10,27 +10,13 @@ is checked in fp16 and fp32 here; bf16 on the GPU.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 3):
-    pytest.skip("triton's interpreter needs numpy < 2.3", allow_module_level=True)
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    # the variable would switch every later Triton kernel of this process to the interpreter
-    pytest.skip("a CUDA device is present: the interpreter tests run on CPU machines", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was already imported in compiled mode in this process", allow_module_level=True)
-# read when triton is imported and when kernels launch; stays set for this process (only
-# where triton is installed, which CI's CPU torch is not)
-os.environ["TRITON_INTERPRET"] = "1"
+from ..triton_interpreter import use_interpreter
+
+use_interpreter()  # before anything imports triton
 from fxopt.gemm_gelu import Config, kernel_applies, run_config  # noqa: E402
 
 #: small tiles, so that several tiles, a partial group and ragged edges occur at small sizes

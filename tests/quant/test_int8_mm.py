@@ -8,25 +8,12 @@ M, N and K that are not multiples of the blocks, bias or none, every output dtyp
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
-import numpy as np
 import pytest
 import torch
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 3):
-    pytest.skip("triton's interpreter needs numpy < 2.3", allow_module_level=True)
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    # the variable would switch every later Triton kernel of this process to the interpreter
-    # (it is read when kernels launch); on a GPU the GPU tests run the kernels themselves
-    pytest.skip("a CUDA device is present: the interpreter tests run on CPU machines", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was already imported in compiled mode in this process", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported and when kernels launch
+from ..triton_interpreter import use_interpreter
+
+use_interpreter()  # before anything imports triton
 from fxopt.quant import int8_mm  # noqa: E402
 
 CASES = [(17, 40, 256, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}, True, torch.bfloat16),

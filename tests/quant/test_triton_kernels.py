@@ -9,31 +9,14 @@ on the real hardware before it times them.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
-import numpy as np
 import pytest
 import torch
 
 from fxopt.quant.formats import pack_int4, unpack_int4
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 3):
-    pytest.skip("triton's interpreter needs numpy < 2.3", allow_module_level=True)
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    # the variable would switch every later Triton kernel of this process to the interpreter
-    # (it is read when kernels launch); on a GPU the GPU tests run the kernels themselves
-    pytest.skip("a CUDA device is present: the interpreter tests run on CPU machines", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    # importing torch's op libraries imports triton where it is installed: run this file
-    # with TRITON_INTERPRET=1 in the environment
-    pytest.skip("triton was already imported in compiled mode in this process", allow_module_level=True)
-# triton reads this when it is imported and when kernels launch; it stays set for this
-# process (where triton is installed; CI's CPU torch has none)
-os.environ["TRITON_INTERPRET"] = "1"
+from ..triton_interpreter import use_interpreter
+
+use_interpreter()  # before anything imports triton
 from fxopt.quant import triton_kernels  # noqa: E402
 
 CASES = [(1, 40, 256, torch.float32, True, "gemv"), (2, 24, 512, torch.bfloat16, False, "gemv"),
