@@ -28,7 +28,15 @@ from fxopt.errors import (
 )
 from fxopt.numerics import compare
 from fxopt.pass_protocol import Pass, PassResult
-from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
+from fxopt.pipeline import (
+    Composite,
+    Conditional,
+    Fixpoint,
+    PassLike,
+    check_ordering,
+    needs_fake_values,
+    resolve,
+)
 from fxopt.progress import progress
 from fxopt.report import PassRecord, Report
 from fxopt.seeding import seeded
@@ -134,7 +142,9 @@ class PassManager:
         if self.verify and example_inputs is None:
             raise InputError("verify=True needs example_inputs to run the graph on")
         ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
-                          training=infer_training(gm) if training is None else training)
+                          training=infer_training(gm) if training is None else training,
+                          # hooks of the user's may read values: they get FakeTensors
+                          meta_values=not self.hooks and not any(map(needs_fake_values, self.passes)))
         if example_inputs is not None:
             check_example_inputs(gm, ctx)
         hooks = list(self.hooks)

@@ -113,7 +113,7 @@ register_rules(
     "Fold eval-mode BatchNorm into the preceding Conv1d/2d/3d, ConvTranspose (groups=1) or "
     "Linear (2-d input); new weights are new tensors, and a conv whose output is used "
     "elsewhere is left alone.",
-    inference_only=True, fold_constants=True)
+    inference_only=True, fold_constants=True, needs_fake_values=False)
 
 
 # --- fuse_conv_bn_relu -----------------------------------------------------------------------
@@ -182,7 +182,7 @@ register_rules(
     "fuse_conv_bn_relu", FUSE_CONV_RULES,
     "Fuse conv(+BN)(+residual add)+ReLU into one op: cuDNN's fused conv+bias(+add)+ReLU on "
     "CUDA, the ReLU in place elsewhere.",
-    inference_only=True, fold_constants=True, after=("fold_conv_bn",))
+    inference_only=True, fold_constants=True, after=("fold_conv_bn",), needs_fake_values=False)
 
 
 # --- fuse_add_relu, fuse_linear_relu -------------------------------------------------------
@@ -199,7 +199,7 @@ register_rules(
     "fuse_add_relu", [rule(add_relu, add_relu_fused, name="add_relu", a=is_tensor, b=is_tensor)],
     "Fuse relu(a + b) of two tensors into one op (one Triton kernel on CUDA, an in-place "
     "ReLU elsewhere).",
-    inference_only=True, after=("fuse_conv_bn_relu",))
+    inference_only=True, after=("fuse_conv_bn_relu",), needs_fake_values=False)
 
 
 def linear_relu(x, w, b):
@@ -213,4 +213,4 @@ def linear_relu_fused(x, w, b):
 register_rules(
     "fuse_linear_relu", [rule(linear_relu, linear_relu_fused, name="linear_relu")],
     "Fuse relu(linear(x)) into one op (a cuBLASLt GEMM with a ReLU epilogue on CUDA).",
-    inference_only=True)
+    inference_only=True, needs_fake_values=False)
