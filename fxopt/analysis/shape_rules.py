@@ -65,6 +65,10 @@ def _tensor(env: Env, t: Any) -> torch.Tensor:
     _require(t.device.type == "meta" or t.device == env.device, "a tensor on another device")
     _require(t.dtype in _DTYPES and not t.is_conj() and not t.is_neg(), "an unmodelled dtype")
     _require(t.numel() > 0, "an empty tensor")
+    if 1 in t.shape:  # torch's kernels disagree on the strides of size-1 dims unless they are canonical
+        strides = t.stride()
+        _require(strides == contiguous_strides(t.shape) or
+                 (t.dim() == 4 and strides == _channels_last_strides(t.shape)), "odd strides of a size-1 dim")
     return t
 
 
@@ -167,78 +171,30 @@ def _dense_strides(t: torch.Tensor) -> bool:
     return True
 
 
-def _output_order(shape: Sequence[int], tensors: Sequence[torch.Tensor]) -> list[int]:
-    """The logical-to-physical permutation of an elementwise output: torch's
-    ``compute_elementwise_output_logical_to_physical_perm`` for concrete sizes (``tensors``
-    already expanded to ``shape``)."""
-    ndim = len(shape)
-    contiguous = all(t.is_contiguous() for t in tensors)
-    channels_last = all(t.is_contiguous(memory_format=_CL) for t in tensors) if ndim == 4 else False
-    if contiguous and not channels_last:
-        return list(range(ndim))
-    if channels_last and not contiguous:
-        return [0, *range(2, ndim), 1]
-
-    def ge(a: int, b: int) -> bool:
-        return b == 0 or (a != 0 and (a >= b or a % b == 0))
-
-    def should_swap(a: int, b: int) -> int:
-        for t in tensors:
-            stride_a, stride_b = t.stride(a), t.stride(b)
-            if stride_a == 0 or stride_b == 0:
-                continue
-            if stride_a == stride_b:
-                if ge(shape[b], shape[a]):
-                    continue
-                return 1
-            if ge(stride_b, stride_a):
-                return -1
-            if ge(stride_a, stride_b):
-                return 1
-        return 0
-
-    perm = list(reversed(range(ndim)))
-    for i in range(1, ndim):
-        dim1 = i
-        for dim0 in reversed(range(i)):
-            comparison = should_swap(perm[dim0], perm[dim1])
-            if comparison > 0:
-                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
-                dim1 = dim0
-            elif comparison < 0:
-                break
-    return list(reversed(perm))
-
-
-def _elementwise(env: Env, operands: Sequence[Any], dtype: torch.dtype, *, fast: bool = False) -> torch.Tensor:
-    """A new tensor for an elementwise op of ``operands`` (tensors and Python numbers).
-    ``fast``: the op is one of FakeTensor's fast binary ops (add, sub, mul, div), whose
-    contiguous and channels-last shortcuts come first."""
+def _elementwise(env: Env, operands: Sequence[Any], dtype: torch.dtype) -> torch.Tensor:
+    """A new tensor for an elementwise op of ``operands`` (tensors and Python numbers), laid
+    out as torch lays it out where that is certain: TensorIterator's fast setups for one
+    tensor (contiguous, channels-last, any other dense layout), and FakeTensor's fast
+    binary path for several (all contiguous, or all channels-last, one of full shape;
+    a number stands for a 0-d tensor, which is contiguous only). Other layouts are
+    refused."""
     tensors = [_tensor(env, t) for t in operands if isinstance(t, torch.Tensor)]
     _require(bool(tensors), "no tensor operand")
     shape = _broadcast(*(t.shape for t in tensors))
-    _require(all(size > 0 for size in shape), "an empty result")
-    if fast:
-        _require(any(tuple(t.shape) == shape for t in tensors), "both operands broadcast")
-        if all(t.is_contiguous() for t in tensors):
+    if len(operands) == 1:
+        (x,) = tensors
+        if x.is_contiguous():
             return _contiguous(shape, dtype)
-        if all(t.is_contiguous(memory_format=_CL) for t in tensors):
+        if x.dim() == 4 and x.is_contiguous(memory_format=_CL):
             return _fresh(shape, _channels_last_strides(shape), dtype)
-    if env.device.type == "cpu":  # CPU scalar tensors take no part in the layout
-        tensors = [t for t in tensors if t.dim() > 0] or tensors[:1]
-    if len(shape) <= 1:
+        _require(_dense_strides(x), "a layout with gaps or overlaps")
+        return _fresh(shape, x.stride(), dtype)
+    _require(any(tuple(t.shape) == shape for t in tensors), "operands that all broadcast")
+    if all(t.is_contiguous() for t in tensors):
         return _contiguous(shape, dtype)
-    if len(tensors) == 1 and tuple(tensors[0].shape) == shape:
-        if _dense_strides(tensors[0]):
-            return _fresh(shape, tensors[0].stride(), dtype)
-        return torch.empty_like(tensors[0], dtype=dtype)
-    expanded = [t.detach().expand(shape) for t in tensors]
-    perm = _output_order(shape, expanded)
-    physical = contiguous_strides([shape[p] for p in perm])
-    strides = [0] * len(shape)
-    for position, dim in enumerate(perm):
-        strides[dim] = physical[position]
-    return _fresh(shape, strides, dtype)
+    _require(len(tensors) == len(operands) and len(shape) == 4
+             and all(t.is_contiguous(memory_format=_CL) for t in tensors), "operands of mixed layouts")
+    return _fresh(shape, _channels_last_strides(shape), dtype)
 
 
 def _number(x: Any) -> bool:
@@ -273,7 +229,7 @@ def _arith(name: str) -> Callable[..., Any]:
         _require(alpha == 1 or (name in ("add", "sub") and _number(alpha)
                                 and (dtype.is_floating_point or type(alpha) is int)), "an unmodelled alpha")
         _require(rounding_mode is None, "division with a rounding mode")
-        return _elementwise(env, (a, b), dtype, fast=True)
+        return _elementwise(env, (a, b), dtype)
     return rule
 
 
@@ -320,8 +276,8 @@ def gelu(env: Env, input: Any, approximate: str = "none") -> torch.Tensor:  # no
     return _activation(env, input)
 
 
-def neg(env: Env, input: Any) -> torch.Tensor:  # noqa: A002
-    return _activation(env, input, False, floating=False)
+def neg(env: Env, input: Any, inplace: Any = False) -> torch.Tensor:  # noqa: A002
+    return _activation(env, input, inplace, floating=False)
 
 
 def _inplace(rule: Callable[..., Any]) -> Callable[..., Any]:
@@ -393,11 +349,12 @@ def _conv(spatial: int, transposed: bool = False) -> Callable[..., Any]:
         _require(w.dim() == spatial + 2, "a weight of the wrong rank")
         if padding == "valid":
             padding = 0
-        elif padding == "same":
+        elif padding == "same":  # torch pads the input (one more on the right where the total is odd)
             _require(all(s == 1 for s in _ints(stride, spatial, "stride")), "padding='same' with a stride")
             dil = _ints(dilation, spatial, "dilation")
-            _require(all(d * (k - 1) % 2 == 0 for d, k in zip(dil, w.shape[2:])), "asymmetric 'same' padding")
-            padding = [d * (k - 1) // 2 for d, k in zip(dil, w.shape[2:])]
+            padded = convolution(env, input, weight, bias, stride, [(d * (k - 1) + 1) // 2 for d, k in
+                                                                    zip(dil, w.shape[2:])], dilation, False, 0, groups)
+            return _contiguous((*padded.shape[:2], *_tensor(env, input).shape[2:]), padded.dtype)
         return convolution(env, input, weight, bias, stride, padding, dilation, False, 0, groups)
     return conv
 
@@ -415,7 +372,8 @@ def batch_norm(env: Env, input: Any, running_mean: Any, running_var: Any, weight
         if t is not None:
             t = _tensor(env, t)
             _require(tuple(t.shape) == (x.shape[1],) and t.dtype in _FLOATING, "statistics of the wrong shape")
-    return _like(x, x.shape, x.dtype, _dense_layout(x))
+    _require(_dense_strides(x), "a layout with gaps or overlaps")
+    return _fresh(x.shape, x.stride(), x.dtype)  # empty_like: the input's own strides
 
 
 def _pool_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
