@@ -327,12 +327,12 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
     cheap when the graph carries no values (one look at each new node and its inputs)."""
     if not any("val" in n.meta or any("val" in i.meta for i in n.all_input_nodes) for n in created):
         return
-    device = gm.meta.get(META_VALUES_DEVICE)
-    if device is not None:
-        _propagate_by_rules(gm, created, Env(device))
-        return
     mine = set(created)
     inputs = [i.meta.get("val") for n in created for i in n.all_input_nodes if i not in mine]
+    device = gm.meta.get(META_VALUES_DEVICE)
+    if device is not None and not _modes(inputs):  # meta values (a stale mark under fake values: ignored)
+        _propagate_by_rules(gm, created, Env(device))
+        return
     mode = _mode_for(gm.graph, inputs)
     invalid: set[fx.Node] = set()
     with _evaluating(mode) if mode is not None else nullcontext() as guard:
