@@ -108,11 +108,9 @@ def _contiguous(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _is_channels_last(t: torch.Tensor) -> bool:
-    """``suggest_memory_format(t) == channels_last`` (torch's stride heuristic), 4-d only;
-    5-d channels-last-3d tensors are refused."""
-    if t.dim() == 5:
-        _require(not t.is_contiguous(memory_format=torch.channels_last_3d) or t.is_contiguous(),
-                 "a channels-last-3d tensor")
+    """``suggest_memory_format(t) == channels_last`` (torch's stride heuristic) for 4-d
+    tensors; 5-d ones must be contiguous (channels-last-3d heuristics are not modelled)."""
+    _require(t.dim() != 5 or t.is_contiguous(), "a non-contiguous 5-d tensor")
     if t.dim() != 4:
         return False
     sizes, strides = t.shape, t.stride()
