@@ -65,10 +65,14 @@ def _tensor(env: Env, t: Any) -> torch.Tensor:
     _require(t.device.type == "meta" or t.device == env.device, "a tensor on another device")
     _require(t.dtype in _DTYPES and not t.is_conj() and not t.is_neg(), "an unmodelled dtype")
     _require(t.numel() > 0, "an empty tensor")
-    if 1 in t.shape:  # torch's kernels disagree on the strides of size-1 dims unless they are canonical
+    if 1 in t.shape:
+        # torch's kernels disagree on the strides of size-1 dims unless they are contiguous
+        # ones, or channels-last ones of a tensor that is not contiguous as well (otherwise
+        # which of the two layouts an output takes depends on the kernel's path)
         strides = t.stride()
         _require(strides == contiguous_strides(t.shape) or
-                 (t.dim() == 4 and strides == _channels_last_strides(t.shape)), "odd strides of a size-1 dim")
+                 (t.dim() == 4 and strides == _channels_last_strides(t.shape) and not t.is_contiguous()),
+                 "odd strides of a size-1 dim")
     return t
 
 

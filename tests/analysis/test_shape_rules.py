@@ -61,6 +61,12 @@ class Case:
         self.gm = fx.GraphModule(root, graph)
         self.text = f"{op} {getattr(target, '__name__', target)} {self.describe(args)} {kwargs}"
 
+    def to(self, device: torch.device) -> Case:
+        """The same call on ``device`` (inputs and module); layouts ``Tensor.to`` keeps."""
+        self.inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in self.inputs]
+        self.gm.to(device)
+        return self
+
     def describe(self, args: Any) -> str:
         return ", ".join(f"{tuple(t.shape)}@{t.stride()}:{t.dtype}" for t in self.inputs)
 
@@ -456,3 +462,21 @@ def test_rules_take_every_common_call(family: str) -> None:
             common += 1
             assert run_case(case), f"declined a common call: {case.text}"
     assert common >= 10, f"only {common} common {family} calls drawn"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_rules_agree_with_fake_tensor_propagation_on_cuda(family: str) -> None:
+    """On CUDA torch picks other kernels (cuDNN convolutions, whose layout follows the
+    weight's too): the same comparison with every tensor on the GPU."""
+    g = Gen(f"shape-rules-cuda-{family}")
+    taken = sum(run_case(FAMILIES[family](g).to(torch.device("cuda"))) for _ in range(CASES))
+    assert taken >= CASES // 5, f"the rules took only {taken} of {CASES} {family} calls"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_rules_agree_with_fake_tensor_propagation_long(family: str) -> None:
+    g = Gen(f"shape-rules-long-{family}")
+    for _ in range(20 * CASES):
+        run_case(FAMILIES[family](g))
