@@ -125,9 +125,7 @@ def test_a_graph_with_an_op_without_a_rule_falls_back_on_fake_tensors_for_every_
     model = WithLayerNorm().eval()
     gm = fxopt.optimize(model, example_inputs=(torch.randn(3, 6),))
     assert META_VALUES_DEVICE not in gm.meta
-    assert _all_fake(gm)
-    assert [r.name for r in fxopt.report_of(gm).records if r.changed] == ["fuse_linear_relu"] or \
-        "linear_relu" not in str(gm.graph)  # a LayerNorm between: nothing to fuse, values all fake
+    assert _all_fake(gm) and len(_tensors(gm)) == len(gm.graph.nodes)  # every node, not only the norm
 
 
 @pytest.mark.parametrize("why", ["pass", "hook", "option"])
