@@ -246,11 +246,11 @@ def _inplace_binary(rule: Callable[..., Any]) -> Callable[..., Any]:
     return inplace
 
 
-def _activation(env: Env, input: Any, inplace: Any = False, *scalars: Any, floating: bool = True) -> torch.Tensor:  # noqa: A002
-    """An elementwise op of one tensor that keeps its dtype (floating point unless
-    ``floating`` is False); ``inplace=True`` returns the input itself."""
+def _activation(env: Env, input: Any, inplace: Any = False, *scalars: Any) -> torch.Tensor:  # noqa: A002
+    """An elementwise op of one floating-point tensor that keeps its dtype; ``inplace=True``
+    returns the input itself."""
     x = _tensor(env, input)
-    _require(x.dtype in _FLOATING or (not floating and x.dtype is not torch.bool), "an unmodelled dtype")
+    _require(x.dtype in _FLOATING, "an unmodelled dtype")
     _require(all(_number(v) for v in scalars) and type(inplace) is bool, "an unmodelled argument")
     return x if inplace else _elementwise(env, (x,), x.dtype)
 
@@ -276,10 +276,6 @@ def elu(env: Env, input: Any, alpha: Any = 1.0, inplace: Any = False) -> torch.T
 def gelu(env: Env, input: Any, approximate: str = "none") -> torch.Tensor:  # noqa: A002
     _require(approximate in ("none", "tanh"), "an unknown gelu approximation")
     return _activation(env, input)
-
-
-def neg(env: Env, input: Any, inplace: Any = False) -> torch.Tensor:  # noqa: A002
-    return _activation(env, input, inplace, floating=False)
 
 
 def _inplace(rule: Callable[..., Any]) -> Callable[..., Any]:
@@ -616,7 +612,7 @@ _SUM, _MEAN = _reduction(mean=False), _reduction(mean=True)
 #: activations by name: torch.X, F.X, Tensor.X where they exist; X_ is the in-place form
 _ACTIVATIONS: dict[str, Callable[..., Any]] = {
     "relu": relu, "relu6": relu, "sigmoid": relu, "tanh": relu, "silu": relu, "hardswish": relu,
-    "hardsigmoid": relu, "hardtanh": hardtanh, "leaky_relu": leaky_relu, "elu": elu, "neg": neg,
+    "hardsigmoid": relu, "hardtanh": hardtanh, "leaky_relu": leaky_relu, "elu": elu,
 }
 
 #: call_function targets, by identity: (the callable, its rule)

@@ -185,10 +185,9 @@ ACTIVATIONS = [  # (function spellings, method, module, extra positional scalars
     ((F.leaky_relu,), None, nn.LeakyReLU, (0.2,)),
     ((F.elu,), None, nn.ELU, (0.5,)),
     ((F.gelu,), None, nn.GELU, ()),
-    ((torch.neg,), "neg", None, ()),
 ]
 INPLACE = [(torch.relu_, "relu_"), (F.relu_, None), (torch.sigmoid_, "sigmoid_"), (torch.tanh_, "tanh_"),
-           (F.hardtanh_, None), (F.leaky_relu_, None), (F.elu_, None), (torch.neg_, "neg_")]
+           (F.hardtanh_, None), (F.leaky_relu_, None), (F.elu_, None)]
 
 
 def activation_case(g: Gen) -> Case:
