@@ -6,8 +6,10 @@
 - the first ``optimize`` of a process (issue 30, item 4): the demo conv net, the default
   pipeline, ``example_inputs`` given (so shapes are propagated); timed from after
   ``import torch`` and ``import fxopt`` (the model is built and traced outside the timer),
-  with the total from after ``import torch``. Then the same with ``torch._dynamo`` imported
-  first (timed on its own): what is left is fxopt's own share of a first call;
+  with the total from after ``import torch``, and whether it imported ``torch._dynamo`` or
+  sympy. Then the same with ``torch._dynamo`` imported first (timed on its own), and with
+  ``shape_rules=False`` (the FakeTensor route, which a graph without shape rules for all
+  its ops takes; skipped on builds that predate the option);
 - what any shape propagation costs torch the first time, each in a process of its own:
   ``FakeTensorMode()``, and one elementwise op on meta tensors (``x + x``), with whether it
   imported ``torch._dynamo``;
@@ -41,7 +43,7 @@ import fxopt
 from fxopt.progress import progress
 
 PROBE = r"""
-import json, sys, time
+import inspect, json, sys, time
 clock = lambda: (time.perf_counter(), time.process_time())
 since = lambda t: [time.perf_counter() - t[0], time.process_time() - t[1]]
 t0 = clock()
@@ -65,18 +67,23 @@ if MODE == "lookup":
     out["PassManager(DEFAULT_PIPELINE), not run"] = since(t)
     t = clock(); fxopt.registered_passes(); out["registered_passes() (all modules)"] = since(t)
     out["torch._inductor imported"] = "torch._inductor" in sys.modules
-elif MODE in ("first", "first-dynamo-paid"):
+elif MODE in ("first", "first-dynamo-paid", "first-fake"):
     from fxopt.models import demo_model
     model, inputs = demo_model()
     gm = torch.fx.symbolic_trace(model)
-    label = "first optimize(demo, default pipeline)"
+    label, options = "first optimize(demo, default pipeline)", {}
     if MODE == "first-dynamo-paid":
         t = clock(); import torch._dynamo; out["torch: import torch._dynamo"] = since(t)
         label += ", torch._dynamo imported before"
-    t = clock(); fxopt.optimize(gm, example_inputs=inputs); out[label] = since(t)
+    if MODE == "first-fake":  # the FakeTensor route, where fxopt's shape rules are not used
+        if "shape_rules" not in inspect.signature(fxopt.optimize).parameters:
+            print(json.dumps(out)); sys.exit()  # a build without shape rules: "first" is this route
+        label, options = label + ", shape_rules=False", {"shape_rules": False}
+    t = clock(); fxopt.optimize(gm, example_inputs=inputs, **options); out[label] = since(t)
     if MODE == "first":
         out["import fxopt + first optimize"] = [a + b for a, b in zip(out[label], out["import fxopt after torch"])]
         out["first optimize imported torch._dynamo"] = "torch._dynamo" in sys.modules
+        out["first optimize imported sympy"] = "sympy" in sys.modules
 else:
     from fxopt.memory import solver
     if MODE == "plan-numba":
@@ -97,7 +104,7 @@ print(json.dumps(out))
 #: probe group -> the (mode, warm) runs it takes, each a fresh interpreter
 PROBES: dict[str, tuple[tuple[str, bool], ...]] = {
     "lookup": (("lookup", False),),
-    "first-optimize": (("first", False), ("first-dynamo-paid", False)),
+    "first-optimize": (("first", False), ("first-dynamo-paid", False), ("first-fake", False)),
     "torch-floor": (("fake-mode", False), ("meta-add", False)),
     "plan-memory": (("plan-python", False), ("plan-python", True), ("plan-numba", True)),
 }

@@ -30,6 +30,9 @@ class PassContext:
     #: by the first one (:class:`fxopt.analysis.shapes.FakeState`): each parameter becomes
     #: a fake tensor once per run, not once per propagation
     fake_state: Any = field(default=None, init=False, repr=False)
+    #: whether every pass of the run accepts meta values as ``meta['val']`` (none needs
+    #: FakeTensors): shape propagation may then use fxopt's own shape rules
+    meta_values: bool = False
 
     def __post_init__(self) -> None:
         self.analyses = AnalysisManager(self.gm, self)

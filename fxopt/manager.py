@@ -28,7 +28,15 @@ from fxopt.errors import (
 )
 from fxopt.numerics import compare
 from fxopt.pass_protocol import Pass, PassResult
-from fxopt.pipeline import Composite, Conditional, Fixpoint, PassLike, check_ordering, resolve
+from fxopt.pipeline import (
+    Composite,
+    Conditional,
+    Fixpoint,
+    PassLike,
+    check_ordering,
+    needs_fake_values,
+    resolve,
+)
 from fxopt.progress import progress
 from fxopt.report import PassRecord, Report
 from fxopt.seeding import seeded
@@ -101,6 +109,9 @@ class PassManager:
     A run that lasts more than two seconds shows a progress bar over the passes where
     stderr is a terminal; ``progress=False`` hides it, ``True`` forces it
     (:mod:`fxopt.progress`).
+
+    ``shape_rules=False`` makes every shape propagation a FakeTensor run, so ``meta['val']``
+    holds FakeTensors even where fxopt's shape rules would do (:mod:`fxopt.analysis.shapes`).
     """
 
     def __init__(
@@ -114,6 +125,7 @@ class PassManager:
         atol: float | None = None,
         tensor_backup_limit: int = 1 << 30,
         progress: bool | None = None,
+        shape_rules: bool = True,
     ):
         self.passes = resolve(passes)
         self.progress = progress
@@ -123,6 +135,7 @@ class PassManager:
         self.hooks = list(hooks)
         self.rtol, self.atol = rtol, atol
         self.tensor_backup_limit = tensor_backup_limit
+        self.shape_rules = shape_rules
 
     def run(self, gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None, *,
             training: bool | None = None) -> Report:
@@ -134,7 +147,10 @@ class PassManager:
         if self.verify and example_inputs is None:
             raise InputError("verify=True needs example_inputs to run the graph on")
         ctx = PassContext(gm, tuple(example_inputs) if example_inputs is not None else None,
-                          training=infer_training(gm) if training is None else training)
+                          training=infer_training(gm) if training is None else training,
+                          # hooks of the user's may read values: they get FakeTensors
+                          meta_values=self.shape_rules and not self.hooks
+                          and not any(map(needs_fake_values, self.passes)))
         if example_inputs is not None:
             check_example_inputs(gm, ctx)
         hooks = list(self.hooks)

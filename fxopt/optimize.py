@@ -52,6 +52,7 @@ def optimize(
     atol: float | None = None,
     profile: Profiler | Literal[False] | None = None,
     progress: bool | None = None,
+    shape_rules: bool = True,
 ) -> fx.GraphModule:
     """Run ``passes`` (default: :data:`DEFAULT_PIPELINE`) over a model; return the result.
 
@@ -69,6 +70,12 @@ def optimize(
     on ``example_inputs``; the first pass that breaks it is named in the error and rolled
     back. A run longer than two seconds shows a progress bar on a terminal's stderr
     (``progress=False`` hides it).
+
+    Shapes (``meta['val']``) come from fxopt's own shape rules where every pass and every op
+    of the graph allows it: meta-device tensors with torch's shapes, strides and dtypes,
+    found without importing ``torch._dynamo`` (about a second of CPU on the first call of a
+    process); elsewhere from FakeTensor propagation. ``shape_rules=False`` always uses
+    FakeTensors (docs/passes.md, "Shapes").
 
     ``profile=fxopt.profile`` measures the graph on ``example_inputs`` before and after the
     passes with that profiler (``functools.partial(fxopt.profile, repeat=20)`` for more
@@ -88,6 +95,7 @@ def optimize(
     manager = PassManager(
         DEFAULT_PIPELINE if passes is None else passes,
         verify=verify, instrument=instrument, hooks=hooks, rtol=rtol, atol=atol, progress=progress,
+        shape_rules=shape_rules,
     )
     original = copy_sharing_tensors(gm) if profile is not None else None
     report = manager.run(gm, example_inputs, training=training)

@@ -99,6 +99,12 @@ class Pass:
     before: ClassVar[tuple[str, ...]] = ()
     #: only sound when the model runs in inference (no autograd, eval mode)
     inference_only: ClassVar[bool] = False
+    #: whether the pass needs ``meta['val']`` to be FakeTensors (their fake mode, their real
+    #: devices). A pass that reads only shapes, dtypes, strides and which values share a
+    #: storage says False; a run made only of such passes may give the graph meta values
+    #: by fxopt's own shape rules, which spares the first run of a process the import of
+    #: ``torch._dynamo`` (see :mod:`fxopt.analysis.shapes`)
+    needs_fake_values: ClassVar[bool] = True
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.options))

@@ -27,6 +27,8 @@ PassLike = Pass | type[Pass] | str | Callable[[fx.GraphModule], Any] | Sequence[
 class Composite(Pass):
     """A pass made of other passes; the PassManager runs each child transactionally."""
 
+    needs_fake_values = False  # reads no values itself: its children say (needs_fake_values)
+
     def __init__(self, children: Iterable[PassLike], **options: Any):
         super().__init__(**options)
         self.children: list[Pass] = resolve(children)
@@ -58,15 +60,26 @@ class Fixpoint(Composite):
 
 
 class Conditional(Composite):
-    """Run the children only when ``predicate(gm, ctx)`` is true."""
+    """Run the children only when ``predicate(gm, ctx)`` is true. ``predicate_needs_fake_values``:
+    whether the predicate needs FakeTensor values (see ``Pass.needs_fake_values``); say False
+    for one that reads no values, or only shapes, dtypes and strides."""
 
     name = "conditional"
 
     def __init__(self, predicate: Callable[[fx.GraphModule, Any], bool], children: Iterable[PassLike],
-                 name: str | None = None):
+                 name: str | None = None, *, predicate_needs_fake_values: bool = True):
         super().__init__(children)
         self.predicate = predicate
         self.name = name or f"if {getattr(predicate, '__name__', 'predicate')}"
+        self.predicate_needs_fake_values = predicate_needs_fake_values
+
+
+def needs_fake_values(p: Pass) -> bool:
+    """Whether ``p``, or any pass or predicate inside it, needs FakeTensor values."""
+    if isinstance(p, Composite):
+        return (isinstance(p, Conditional) and p.predicate_needs_fake_values) or \
+            any(needs_fake_values(child) for child in p.children)
+    return p.needs_fake_values
 
 
 _COMPOSITES: dict[str, type[Composite]] = {"sequence": SequencePass, "fixpoint": Fixpoint}

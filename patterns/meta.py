@@ -29,6 +29,10 @@ Values of any other type (a user's class, a tensor subclass, a quantized or nest
 a cyclic container) are never touched, and fake tensors of two modes are not mixed. A
 node that cannot be evaluated this way has no ``meta['val']``, except that a value
 annotated on a replacement graph's node is kept where its inputs are unchanged.
+
+A graph whose values are meta values (fxopt's shape rules, :mod:`fxopt.analysis.shapes`)
+gets them the same way for its new nodes: by the rules, never by a fake mode, so the two
+kinds of value never meet in one graph; a new node without a rule has no value.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.ops import mutated_inputs, torch_name
-from fxopt.analysis.shapes import record_value
+from fxopt.analysis.shape_rules import Env, NoRule, evaluate, has_rule, meta_copy
+from fxopt.analysis.shapes import META_VALUES_DEVICE, record_value
 
 
 class _Unsafe(Exception):
@@ -324,6 +329,10 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
         return
     mine = set(created)
     inputs = [i.meta.get("val") for n in created for i in n.all_input_nodes if i not in mine]
+    device = gm.meta.get(META_VALUES_DEVICE)
+    if device is not None and not _modes(inputs):  # meta values (a stale mark under fake values: ignored)
+        _propagate_by_rules(gm, created, Env(device))
+        return
     mode = _mode_for(gm.graph, inputs)
     invalid: set[fx.Node] = set()
     with _evaluating(mode) if mode is not None else nullcontext() as guard:
@@ -343,3 +352,33 @@ def propagate_meta(gm: fx.GraphModule, created: list[fx.Node]) -> None:
                 invalid.add(node)
                 node.meta.pop("val", None)
                 node.meta.pop("tensor_meta", None)
+
+
+def _propagate_by_rules(gm: fx.GraphModule, created: list[fx.Node], env: Env) -> None:
+    """:func:`propagate_meta` for a graph of meta values: fxopt's shape rules."""
+    invalid: set[fx.Node] = set()
+    for node in created:
+        value = _SKIP
+        if not any(i in invalid or "val" not in i.meta for i in node.all_input_nodes):
+            try:
+                with torch.no_grad():
+                    value = _by_rule(gm, node, env)
+            except NoRule:
+                value = _SKIP
+        if value is not _SKIP:
+            record_value(node, value)
+        elif type(node.meta.get("val")) is not torch.Tensor or not node.meta["val"].is_meta or \
+                node.op in ("call_module", "get_attr") or any(i in invalid for i in node.all_input_nodes):
+            invalid.add(node)  # only an annotated meta value of unchanged inputs is kept
+            node.meta.pop("val", None)
+            node.meta.pop("tensor_meta", None)
+
+
+def _by_rule(gm: fx.GraphModule, node: fx.Node, env: Env) -> Any:
+    if node.op == "get_attr":
+        value = lookup_attr(gm, node.target)
+        return value if id(type(value)) in _NUMBERS else meta_copy(env, value)
+    if not has_rule(gm, node):
+        raise NoRule(f"no rule for {node.target}")
+    args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    return evaluate(gm, node, args, kwargs, env)

@@ -554,18 +554,21 @@ class _RulesThenFold(SequencePass):
         def rules_rewrote(gm: fx.GraphModule, ctx: Any) -> bool:
             return rules.rewrote
 
-        super().__init__([rules, Conditional(rules_rewrote, ["constant_fold"], name="fold constants")])
+        super().__init__([rules, Conditional(rules_rewrote, ["constant_fold"], name="fold constants",
+                                             predicate_needs_fake_values=False)])
 
 
 def register_rules(name: str, rules: Iterable[Rule], description: str, *,
                    inference_only: bool = False, fold_constants: bool = False,
                    after: tuple[str, ...] = (), before: tuple[str, ...] = (),
-                   replace: bool = False) -> type[Pass]:
+                   replace: bool = False, needs_fake_values: bool = True) -> type[Pass]:
     """Register a pass called ``name`` that applies ``rules``; usable by name in
     ``fxopt.optimize(passes=[...])``, textual pipelines and the PassManager. With
-    ``fold_constants`` it is a sequence of the rules and ``constant_fold``."""
+    ``fold_constants`` it is a sequence of the rules and ``constant_fold``.
+    ``needs_fake_values=False`` declares that the rules' constraints read only shapes,
+    dtypes and strides of ``meta['val']`` (``Pass.needs_fake_values``)."""
     attrs = {"name": name, "__doc__": description, "after": after, "before": before,
-             "__module__": _caller_module()}
+             "__module__": _caller_module(), "needs_fake_values": needs_fake_values}
     klass: type[Pass] = type(_class_name(name), (RulePass,), {
         **attrs, "rules": tuple(rules), "inference_only": inference_only})
     if fold_constants:

@@ -23,6 +23,7 @@ from fxopt.patterns.rules import register_rules, rule
 
 import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
 from fxopt.analysis.ops import declare_op
+from fxopt.analysis.shapes import value_device
 
 aten = torch.ops.aten
 fxops = torch.ops.fxopt
@@ -113,7 +114,7 @@ register_rules(
     "Fold eval-mode BatchNorm into the preceding Conv1d/2d/3d, ConvTranspose (groups=1) or "
     "Linear (2-d input); new weights are new tensors, and a conv whose output is used "
     "elsewhere is left alone.",
-    inference_only=True, fold_constants=True)
+    inference_only=True, fold_constants=True, needs_fake_values=False)
 
 
 # --- fuse_conv_bn_relu -----------------------------------------------------------------------
@@ -182,7 +183,7 @@ register_rules(
     "fuse_conv_bn_relu", FUSE_CONV_RULES,
     "Fuse conv(+BN)(+residual add)+ReLU into one op: cuDNN's fused conv+bias(+add)+ReLU on "
     "CUDA, the ReLU in place elsewhere.",
-    inference_only=True, fold_constants=True, after=("fold_conv_bn",))
+    inference_only=True, fold_constants=True, after=("fold_conv_bn",), needs_fake_values=False)
 
 
 # --- fuse_add_relu, fuse_linear_relu -------------------------------------------------------
@@ -199,7 +200,7 @@ register_rules(
     "fuse_add_relu", [rule(add_relu, add_relu_fused, name="add_relu", a=is_tensor, b=is_tensor)],
     "Fuse relu(a + b) of two tensors into one op (one Triton kernel on CUDA, an in-place "
     "ReLU elsewhere).",
-    inference_only=True, after=("fuse_conv_bn_relu",))
+    inference_only=True, after=("fuse_conv_bn_relu",), needs_fake_values=False)
 
 
 def linear_relu(x, w, b):
@@ -213,7 +214,7 @@ def linear_relu_fused(x, w, b):
 register_rules(
     "fuse_linear_relu", [rule(linear_relu, linear_relu_fused, name="linear_relu")],
     "Fuse relu(linear(x)) into one op (a cuBLASLt GEMM with a ReLU epilogue on CUDA).",
-    inference_only=True)
+    inference_only=True, needs_fake_values=False)
 
 
 # --- fuse_linear_gelu ------------------------------------------------------------------------
@@ -233,7 +234,8 @@ def _linear_on_cuda_half(m) -> bool:
     known and nothing fires."""
     linear = next(g for p, g in m.nodes.items() if p in m.pattern.canon and m.pattern.canon[p].op == "linear")
     val = linear.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.is_cuda and val.dtype in (torch.float16, torch.bfloat16)
+    return (isinstance(val, torch.Tensor) and val.dtype in (torch.float16, torch.bfloat16)
+            and value_device(linear).type == "cuda")
 
 
 register_rules(
@@ -241,4 +243,4 @@ register_rules(
     [rule(linear_gelu, linear_gelu_fused, name="linear_gelu", where=_linear_on_cuda_half)],
     "Fuse gelu(linear(x)) with exact GELU on CUDA fp16/bf16 into one op: a Triton GEMM with "
     "the GELU in its epilogue where it times faster than cuBLAS + a GELU kernel.",
-    inference_only=True)
+    inference_only=True, needs_fake_values=False)

@@ -7,6 +7,16 @@ base's storage) falls out of the same run; see :mod:`fxopt.analysis.alias`.
 Inputs come from the run's example inputs or, for graphs that already carry them
 (torch.export, make_fx, Dynamo), from the placeholders' ``meta['val']``; the existing
 fake mode (and its ShapeEnv, for dynamic shapes) is reused so symbols stay symbolic.
+
+**Meta values.** A run whose passes need only shapes, dtypes, strides and storage sharing
+(``Pass.needs_fake_values`` false for all of them: the default pipeline) propagates with
+fxopt's own rules instead (:mod:`fxopt.analysis.shape_rules`) when every node of the graph
+has one and its tensors are plain tensors on one device: then ``meta['val']`` holds
+``meta``-device tensors with the same shapes, strides, dtypes and storage sharing a
+FakeTensor run gives, and ``gm.meta[META_VALUES_DEVICE]`` the device they stand for. That
+path never constructs a ``FakeTensorMode``, which imports ``torch._dynamo`` (about a second
+of CPU on the first call of a process). Anything else takes the FakeTensor path, for the
+whole graph: no graph mixes the two kinds of value.
 """
 
 from __future__ import annotations
@@ -20,12 +30,13 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map
 
 from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.registry import register_analysis
+from fxopt.analysis.shape_rules import Env, NoRule, evaluate, has_rule, meta_copy
 from fxopt.errors import AnalysisError, MissingFakeImplError
 
 
@@ -133,14 +144,28 @@ def _op_name(node: fx.Node) -> str:
 
 
 def record_value(node: fx.Node, value: Any) -> None:
-    """Store ``value`` (fake) as ``meta['val']`` and its metadata as ``meta['tensor_meta']``."""
+    """Store ``value`` (fake or meta) as ``meta['val']`` and its metadata as
+    ``meta['tensor_meta']``."""
     node.meta["val"] = value
     if isinstance(value, torch.Tensor):
-        node.meta["tensor_meta"] = _extract_tensor_metadata(value)
+        node.meta["tensor_meta"] = _metadata(value)
     elif isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        node.meta["tensor_meta"] = type(value)(_extract_tensor_metadata(v) for v in value)
+        node.meta["tensor_meta"] = type(value)(_metadata(v) for v in value)
     else:
         node.meta.pop("tensor_meta", None)
+
+
+_MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+
+
+def _metadata(t: torch.Tensor) -> TensorMetadata:
+    """torch's ``TensorMetadata`` of ``t``. For a plain meta tensor (static sizes) it is
+    built here with C++ contiguity checks: torch's ``_extract_tensor_metadata`` asks
+    ``torch.fx.experimental.symbolic_shapes``, whose import (sympy) costs 0.3 s."""
+    if type(t) is not torch.Tensor or not t.is_meta:
+        return _extract_tensor_metadata(t)
+    memory_format = next((f for f in _MEMORY_FORMATS if t.is_contiguous(memory_format=f)), None)
+    return TensorMetadata(t.shape, t.dtype, t.requires_grad, t.stride(), memory_format, False, {})
 
 
 def fake_mode_for(gm: fx.GraphModule, example_inputs: Any,
@@ -159,15 +184,43 @@ def fake_mode_for(gm: fx.GraphModule, example_inputs: Any,
                     node=p.name,
                 )
         mode = torch._guards.detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
+        device = gm.meta.get(META_VALUES_DEVICE)
         with fake_mode_lock(mode):  # the placeholders' mode: other threads' graphs may share it
             mode.allow_non_fake_inputs = True
-            fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
+            fake = [_from_meta_value(mode, v, device) if device is not None and _is_meta_value(v)
+                    else mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor)
                     else v for v in vals]
         return mode, fake
     mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
     flat = gm.graph.process_inputs(*example_inputs)
     return mode, [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
                   for x in flat]
+
+
+def _is_meta_value(value: Any) -> bool:
+    return type(value) is torch.Tensor and value.is_meta
+
+
+def _from_meta_value(mode: FakeTensorMode, value: torch.Tensor, device: torch.device) -> FakeTensor:
+    """The fake tensor a meta value stands for: on the graph's real device."""
+    with mode:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device,
+                                   requires_grad=value.requires_grad)
+
+
+#: ``gm.meta`` key: the device the graph's meta values stand for, while ``meta['val']``
+#: holds meta values (fxopt's shape rules) rather than FakeTensors
+META_VALUES_DEVICE = "fxopt.meta_values_device"
+
+def value_device(node: fx.Node) -> torch.device:
+    """The device ``node``'s recorded tensor value stands for: the value's own, or, where
+    the graph carries meta values (fxopt's shape rules), the graph's real device. Rules
+    that fire only on one device ask this rather than ``meta['val'].device``."""
+    value = node.meta["val"]
+    owner = node.graph.owning_module
+    if _is_meta_value(value) and owner is not None and owner.meta.get(META_VALUES_DEVICE) is not None:
+        return owner.meta[META_VALUES_DEVICE]
+    return value.device
 
 
 #: ``gm.meta`` key: every node's ``meta['val']`` is current (a fresh Dynamo capture, whose
@@ -179,16 +232,21 @@ VALUES_CURRENT = "fxopt.values_current"
 
 
 @register_analysis("shapes")
-def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
+def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode | None:
     """Run ``gm`` on fake inputs, filling ``meta['val']`` / ``meta['tensor_meta']``.
 
-    Returns the fake mode used, so later analyses can create compatible fake tensors.
+    Returns the fake mode used, so later analyses can create compatible fake tensors;
+    None where the run accepts meta values and the graph got them (see the module's
+    docstring).
     """
     if gm.meta.pop(VALUES_CURRENT, False):
         adopted = _adopt_recorded_values(gm)
         if adopted is not None:
+            gm.meta.pop(META_VALUES_DEVICE, None)
             return adopted
     example_inputs = getattr(ctx, "example_inputs", None)
+    if getattr(ctx, "meta_values", False) and propagate_meta_values(gm, example_inputs):
+        return None
     state = getattr(ctx, "fake_state", None)
     mode, fake_inputs = fake_mode_for(gm, example_inputs, state.mode if state is not None else None)
     if state is None or state.mode is not mode:
@@ -204,7 +262,101 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode:
     finally:  # a run that failed half-way may have changed a kept fake (x.unsqueeze_) all the same
         if hasattr(ctx, "fake_state"):
             ctx.fake_state = state if state.intact() else None
+    gm.meta.pop(META_VALUES_DEVICE, None)
     return mode
+
+
+def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any) -> bool:
+    """Give every node its meta value by fxopt's shape rules; False, with the graph
+    untouched, where some node has no rule or a tensor is not a plain tensor on the one
+    device. Inputs are the example inputs, else the meta values the placeholders carry."""
+    nodes = list(gm.graph.nodes)
+    if not all(has_rule(gm, n) for n in nodes):
+        return False
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if any(str(p.target).startswith("*") for p in placeholders):
+        return False
+    device = gm.meta.get(META_VALUES_DEVICE)
+    if example_inputs is None:
+        inputs = [p.meta.get("val") for p in placeholders]
+        if device is None or not all(_is_meta_value(v) for v in inputs):
+            return False
+    else:
+        try:
+            flat = list(gm.graph.process_inputs(*example_inputs))
+        except Exception:  # the FakeTensor path explains what does not fit
+            return False
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        device = tensors[0].device if tensors else next((t.device for t in gm.parameters()), torch.device("cpu"))
+        inputs = flat
+    if len(inputs) != len(placeholders) or device.type == "meta":
+        return False
+    if any(t.device != device for t in (*gm.parameters(), *gm.buffers())):
+        return False
+    copies = _MetaCopies(Env(device))
+    values: dict[fx.Node, Any] = {}
+    try:
+        with torch.no_grad():
+            for node in nodes:
+                if node.op == "placeholder":
+                    value = inputs[len(values)]
+                    values[node] = value if example_inputs is None else copies.of_input(value)
+                    continue
+                args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
+                if node.op == "output":
+                    values[node] = args[0]
+                elif node.op == "get_attr":
+                    values[node] = copies.of_attribute(gm, node)
+                else:
+                    values[node] = evaluate(gm, node, args, kwargs, copies.env)
+    except NoRule:
+        return False
+    for node, value in values.items():
+        record_value(node, value)
+    gm.meta[META_VALUES_DEVICE] = device
+    return True
+
+
+class _MetaCopies:
+    """Meta copies of the real tensors a propagation starts from (example inputs, the
+    graph's attributes), one per tensor, as FakeTensorMode memoizes its conversions; two
+    distinct tensors that share a storage are refused (a FakeTensor run would show that
+    sharing, separate meta copies would not)."""
+
+    def __init__(self, env: Env):
+        self.env = env
+        self.copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.storages: set[StorageWeakRef] = set()
+
+    def of_input(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._copy(value)
+        if value is None or type(value) in (int, float, bool):
+            return value
+        raise NoRule("an input that is neither a tensor nor a number")
+
+    def of_attribute(self, gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
+        value: Any = gm
+        try:
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+        except AttributeError as exc:
+            raise NoRule("a missing attribute") from exc
+        if not isinstance(value, torch.Tensor):
+            raise NoRule("an attribute that is not a tensor")
+        return self._copy(value)
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        known = self.copies.get(id(t))
+        if known is not None and known[0] is t:
+            return known[1]
+        copy = meta_copy(self.env, t)
+        storage = StorageWeakRef(t.untyped_storage())
+        if storage in self.storages:
+            raise NoRule("two tensors sharing a storage")
+        self.storages.add(storage)
+        self.copies[id(t)] = (t, copy)
+        return copy
 
 
 def _adopt_recorded_values(gm: fx.GraphModule) -> FakeTensorMode | None:

@@ -44,6 +44,7 @@ class DeadCodeElimination(Pass):
     """Remove unused nodes that have no side effects (in-place and random ops are kept)."""
 
     name = "dce"
+    needs_fake_values = False
     preserves = ("shapes",)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
@@ -83,6 +84,7 @@ class CommonSubexpressionElimination(Pass):
     """
 
     name = "cse"
+    needs_fake_values = False
     # no preserves: a merged twin's users and their views keep values in the twin's storage,
     # so the storages the alias analysis reads would be stale (inplace would write a live one)
 
@@ -134,6 +136,7 @@ class ConstantFold(Pass):
     the get_attr nodes and attributes nothing reads any more are dropped."""
 
     name = "constant_fold"
+    needs_fake_values = False
     inference_only = True  # parameters become constants: gradients no longer reach them
     options: ClassVar = {
         "max_bytes": Option(int, 64 << 20, "skip folded results larger than this many bytes"),
@@ -252,6 +255,7 @@ class RemoveDropout(Pass):
     """Remove dropout that is switched off (eval-mode modules, functional training=False)."""
 
     name = "remove_dropout"
+    needs_fake_values = False
     preserves = ("shapes",)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
@@ -302,6 +306,7 @@ class EliminateIdentity(Pass):
     views/reshapes/expands/permutes that keep the shape."""
 
     name = "eliminate_identity"
+    needs_fake_values = False
     preserves = ("shapes",)
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:

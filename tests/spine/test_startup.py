@@ -1,7 +1,9 @@
 """Fast start: ``import fxopt`` and a pass lookup load nothing heavy, the first optimize
-loads nothing beyond torch's own first-FakeTensor cost, and the lazy pass table agrees with
-what the pass modules register. Each check runs in a fresh interpreter, because this test
-process has long since imported everything."""
+with the default pipeline loads neither ``torch._dynamo`` nor sympy (its shapes come from
+fxopt's own rules), any other first optimize loads nothing beyond torch's own
+first-FakeTensor cost, and the lazy pass table agrees with what the pass modules register.
+Each check runs in a fresh interpreter, because this test process has long since imported
+everything."""
 
 import importlib
 import subprocess
@@ -44,6 +46,22 @@ def test_small_memory_plans_do_not_load_numba():
         "assert fxopt.report_of(gm).records[0].stats['arena_bytes'] > 0",
     ])
     assert "numba" not in loaded[0]
+
+
+def test_first_default_optimize_of_a_conv_net_loads_neither_dynamo_nor_sympy():
+    # torch's FakeTensorMode() imports torch._dynamo (about a second of CPU on the first call)
+    # and its Python meta kernels do too; a meta convolution imports sympy. The default
+    # pipeline needs no FakeTensors, and the demo's ops all have shape rules of fxopt's own.
+    loaded = _heavy_loaded_after_each([
+        "import torch, fxopt\n"
+        "from fxopt.models import demo_model\n"
+        "model, inputs = demo_model()\n"
+        "gm = fxopt.optimize(torch.fx.symbolic_trace(model), example_inputs=inputs)\n"
+        "assert [r.name for r in fxopt.report_of(gm).records] == list(fxopt.DEFAULT_PIPELINE)\n"
+        "assert fxopt.report_of(gm).records[3].changed  # fuse_conv_bn_relu fused (shapes were there)\n"
+        "assert all(n.meta['val'].is_meta for n in gm.graph.nodes)",
+    ])
+    assert not loaded[0] & {"torch._dynamo", "sympy", "torch._inductor"}
 
 
 def test_first_optimize_loads_only_fxopt_torch_and_the_standard_library_beyond_torchs_fake_mode():
