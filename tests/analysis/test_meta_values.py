@@ -176,7 +176,7 @@ def test_value_device_is_the_real_device_a_meta_value_stands_for():
     from fxopt.analysis.shapes import META_VALUES_DEVICE, value_device
 
     gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 3))
-    node = next(n for n in gm.graph.nodes if n.op == "call_module")
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
     node.meta["val"] = torch.empty(2, 3, device="meta")
     assert value_device(node) == torch.device("meta")  # no record of a real device: the value's own
     gm.meta[META_VALUES_DEVICE] = torch.device("cuda", 1)
