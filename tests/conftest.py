@@ -31,6 +31,11 @@ import torch.fx._symbolic_trace as fx_trace
 import torch.fx.traceback as fx_traceback
 import torch.utils._config_module as _config_module
 import torch.utils._python_dispatch as python_dispatch
+
+# Inductor imports this on its first compile, and on torch 2.11 that import adds a warnings
+# filter (setuptools' pkg_resources): imported here, before the state guard's first snapshot,
+# so that the guard does not blame it on whichever test compiled first
+import torch.utils.cpp_extension  # noqa: F401
 from hypothesis import settings
 
 import fxopt.progress
