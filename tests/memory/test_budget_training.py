@@ -119,7 +119,9 @@ def test_each_budget_saves_activations_in_order_of_the_budget():
         # the budget bounds the saved bytes at budget x those without it; 0.1 of slack for
         # what Inductor saves in buffers of its own layout
         assert got <= (budget + 0.1) * full, (budget, got, full)
-    assert saved[0.3] < saved[0.5] < saved[0.7] < full, saved
+    # a smaller budget never saves more; two budgets may share a partition (on torch 2.11 the
+    # partition found for 0.5 already fits 0.3)
+    assert saved[0.3] <= saved[0.5] <= saved[0.7] < full, saved
     assert all(r.fallback is None for b in saved for r in step("resnet", b)["reports"])
 
 
