@@ -51,20 +51,24 @@ _LIB.define("sdpa(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout
 declare_op("fxopt::sdpa", pure=True)  # the same declaration users make for their ops
 
 
-def _output_layout(q: Tensor, v: Tensor) -> Tensor:
-    """An empty tensor of the output's shape in the op's fixed layout: heads-major view of
+def _output_layout(q: Tensor, v: Tensor) -> tuple[tuple, tuple]:
+    """The output's shape and the op's fixed strides for it: heads-major view of
     ``[B, L, H, E]`` memory for 4-d inputs, contiguous otherwise."""
     shape = (*q.shape[:-1], v.shape[-1])
-    if q.dim() != 4:
-        return q.new_empty(shape)
-    b, h, length, e = shape
-    return q.new_empty((b, length, h, e)).transpose(1, 2)
+    if len(shape) == 4:
+        _, heads, length, e = shape
+        return shape, (length * heads * e, e, heads * e, 1)
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step = step * n
+    return shape, tuple(reversed(strides))
 
 
-def _same_layout(a: Tensor, b: Tensor) -> bool:
+def _same_layout(t: Tensor, strides: tuple) -> bool:
     """Equal strides on every dimension longer than 1 (a size-1 dimension's stride is never
     used to address an element)."""
-    return all(n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride(), strict=True))
+    return all(n == 1 or have == want for n, have, want in zip(t.shape, t.stride(), strides, strict=True))
 
 
 def dense_key_axis(mask: Tensor | None) -> Tensor | None:
@@ -82,16 +86,16 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: f
     """``F.scaled_dot_product_attention``, its kernel chosen now, in the fixed layout."""
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_key_axis(attn_mask), dropout_p=dropout_p,
                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    layout = _output_layout(q, v)
-    if _same_layout(out, layout):
+    shape, strides = _output_layout(q, v)
+    if _same_layout(out, strides):
         return out
-    return layout.copy_(out)
+    return out.new_empty_strided(shape, strides).copy_(out)
 
 
 @torch.library.register_fake("fxopt::sdpa", lib=_LIB)
 def _sdpa_fake(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool,
                scale: float | None, enable_gqa: bool) -> Tensor:
-    return _output_layout(q, v)
+    return q.new_empty_strided(*_output_layout(q, v))
 
 
 _SDPA_TARGETS = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
