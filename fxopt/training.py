@@ -46,7 +46,6 @@ cache).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -54,6 +53,11 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+
+# at import, not on first use: the first use is inside an autograd hook during a backward,
+# and importing Inductor's module there left torch 2.11's garbage collector to crash later
+# (reproduced on the CPU: a compiled MLP's backward, then gc.collect())
+from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 from torch.autograd.function import BackwardCFunction
 from torch.utils._pytree import tree_flatten
 
@@ -140,16 +144,7 @@ _PENDING = _PendingGrads()
 def _generation() -> int:
     """The CUDA-graph trees' current generation (a new one starts with each new
     ``torch.compile`` invocation, or at ``torch.compiler.cudagraph_mark_step_begin``)."""
-    return _trees().get_curr_generation()
-
-
-@functools.cache
-def _trees() -> type:
-    """Inductor's CUDA-graph tree manager, imported once (an import statement costs about
-    a microsecond on every call, and this runs two or three times a step)."""
-    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
-
-    return CUDAGraphTreeManager
+    return CUDAGraphTreeManager.get_curr_generation()
 
 
 #: a leaf that the cloned outputs of every replayed graph also take (:class:`_ClonedOut`), so
