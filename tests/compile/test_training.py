@@ -3,6 +3,8 @@ memory budget (fxopt.memory.budget), and, on a GPU, that a replayed step is a pl
 
 import copy
 import inspect
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -416,3 +418,12 @@ def test_gradients_never_reach_the_caller_in_the_pool(monkeypatch):
     loss.backward()  # accumulates into the copy; the pool's buffer is overwritten
     torch.testing.assert_close(w.grad, 3 * x)
     torch.testing.assert_close(got, x)
+
+
+def test_what_the_backward_hook_calls_is_imported_before_any_backward():
+    """The hook on a replayed graph's backward node runs inside the autograd engine: an
+    import there (Inductor's CUDA-graph tree manager, on its first call) left torch 2.11's
+    garbage collector to crash later. So importing fxopt.training imports it."""
+    code = "import sys, fxopt.training; print('torch._inductor.cudagraph_trees' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True"]
