@@ -10,7 +10,7 @@ import time
 
 import torch
 
-import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.* and the cuDNN meta kernels
+import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.* and the cuDNN meta kernels
 
 
 def main() -> None:

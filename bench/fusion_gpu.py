@@ -35,7 +35,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 import fxopt
-import fxopt.fused_ops as fused_ops
+from fxopt.compile import fused_ops
 
 
 def timer(device: str, iters: int, reps: int) -> Callable[[Callable[[], Any]], float]:

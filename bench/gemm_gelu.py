@@ -1,4 +1,4 @@
-"""Linear + exact GELU on the GPU: cuBLAS + a GELU kernel, Inductor, and fxopt.gemm_gelu.
+"""Linear + exact GELU on the GPU: cuBLAS + a GELU kernel, Inductor, and fxopt.compile.gemm_gelu.
 
 For each shape of issue #30 (ConvNeXt-T's four MLP fc1 at batch 32, ViT-B/16's at batch 32,
 BERT-base's at batch 8 x 128/256/384 tokens; bf16, with bias), in ms:
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
-from fxopt import gemm_gelu
+import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
+from fxopt.compile import gemm_gelu
 
 #: name -> (M, K, N)
 SHAPES = {

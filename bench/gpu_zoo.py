@@ -256,7 +256,7 @@ MUST_FREEZE = ("inductor_freezing", "reduce_overhead_freezing", "fxopt")
 def _global_freezing_unfixed():
     """The global freezing flag with the backend as it was before it noticed weights Dynamo
     had already frozen: no layout passes (diagnostic of the harness disagreement)."""
-    import fxopt.backend as backend
+    from fxopt.compile import backend
 
     saved = backend._traced_frozen
     backend._traced_frozen = lambda *args: False
@@ -280,7 +280,7 @@ def _cudnn_attention_first() -> contextlib.AbstractContextManager:
 def _cudnn_fusions():
     """fxopt's fused conv ops stay whole in Inductor (one cuDNN conv+bias(+add)+ReLU call)
     instead of being decomposed for Inductor to fuse the pointwise parts itself."""
-    from fxopt import fused_ops
+    from fxopt.compile import fused_ops
 
     before = fused_ops._KEEP_CUDNN_IN_INDUCTOR  # whatever fxopt's default is, put it back
     fused_ops.set_inductor_keeps_cudnn_fusions(True)

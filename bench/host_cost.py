@@ -93,12 +93,12 @@ def _fxopt(fn: Callable) -> Callable:
 @_variant("fxopt-wrap")
 def _fxopt_wrap(fn: Callable) -> Callable:
     """Inductor's code inside the wrapper fxopt puts around a replayed training graph
-    (fxopt.training.PlainOutputs), without CUDA graphs: the replay path's own host cost,
+    (fxopt.compile.training.PlainOutputs), without CUDA graphs: the replay path's own host cost,
     measurable on any device. Inference graphs (an optimizer update) are left plain."""
     from torch._inductor.compile_fx import compile_fx
 
-    from fxopt.backend import _work_copy, is_training
-    from fxopt.training import PlainOutputs, fresh_outputs
+    from fxopt.compile.backend import _work_copy, is_training
+    from fxopt.compile.training import PlainOutputs, fresh_outputs
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         compiled = compile_fx(gm, example_inputs)

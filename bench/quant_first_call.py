@@ -14,7 +14,7 @@ bench/int8_defaults_from_cache.py merges into the shipped defaults), else a temp
 in this process, each variant is timed with plain launches and as a CUDA-graph replay:
 bf16 and int8 compiled by Inductor (``freezing`` set globally, ``dynamic=True``), the
 int8 GraphModule run directly (no compile), and bf16 and int8 through the fxopt backend
-(static shapes, one compile per M: the backend replays each as a CUDA graph, fxopt.replay).
+(static shapes, one compile per M: the backend replays each as a CUDA graph, fxopt.compile.replay).
 Inductor's own CUDA graphs (``mode="reduce-overhead"``, bf16) are timed as a reference.
 ``--no-first-call`` skips the three subprocesses; ``--dynamic-min-tokens 17`` quantizes
 with int8 dynamic (int8 tensor cores) from 17 rows on, the route for prefill-sized M.

@@ -27,7 +27,7 @@ import fxopt.patterns as fp
 import torch
 import torch.fx as fx
 
-import fxopt.fused_ops  # noqa: F401 - torch.ops.fxopt.add_relu
+import fxopt.compile.fused_ops  # noqa: F401 - torch.ops.fxopt.add_relu
 from fxopt.progress import progress
 
 

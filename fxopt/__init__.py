@@ -8,6 +8,7 @@ Quick start::
 """
 
 from fxopt.analysis.ops import declare_op
+from fxopt.compile import compile  # the function, bound over the package of its name
 from fxopt.errors import (
     AnalysisError,
     FactoryError,
@@ -39,11 +40,6 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # fxopt.compile lives in fxopt.backend, which imports Inductor (seconds): load it on use
-    if name == "compile":
-        from fxopt.backend import compile
-
-        return compile
     if name in ("profile", "profile_compiled", "Profile"):  # torch.profiler: loaded on use
         import fxopt.profiling
 

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
+from fxopt.compile.seeding import seeded
 from fxopt.context import PassContext, infer_training
 from fxopt.errors import (
     FxoptError,
@@ -39,7 +40,6 @@ from fxopt.pipeline import (
 )
 from fxopt.progress import progress
 from fxopt.report import PassRecord, Report
-from fxopt.seeding import seeded
 from fxopt.snapshot import GraphSnapshot, ModuleState, TensorGuard
 
 REPORT_KEY = "fxopt.report"

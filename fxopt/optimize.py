@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 #: measures a graph on inputs: ``fxopt.profile``, or a ``functools.partial`` of it. A
 #: parameter, not an import: fxopt.profiling sits above optimize (it profiles compiled graphs
-#: through fxopt.backend, which runs optimize).
+#: through fxopt.compile.backend, which runs optimize).
 Profiler = Callable[[fx.GraphModule, Sequence[Any]], "Profile"]
 
 #: what ``optimize`` runs when ``passes`` is omitted: inference cleanups, safe on any graph

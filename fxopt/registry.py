@@ -34,7 +34,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "inplace": "fxopt.passes.inplace",
     "channels_last_weights": "fxopt.passes.layout",
     "pad_conv_channels": "fxopt.passes.layout",
-    "defer_sdpa_choice": "fxopt.passes.attention",
+    "defer_sdpa_choice": "fxopt.compile.attention",
     "plan_memory": "fxopt.memory.plan",
     "insert_observers": "fxopt.quant.passes",
     "quantize": "fxopt.quant.passes",

@@ -20,7 +20,7 @@ folders you trust. The ``pt2`` format holds no Python.
 
 Either way the program may call fxopt's own operators (``torch.ops.fxopt.*``,
 ``torch.ops.fxopt_quant.*``): :func:`load_program` registers them before loading; other
-readers ``import fxopt.fused_ops, fxopt.quant.ops`` first.
+readers ``import fxopt.compile.fused_ops, fxopt.quant.ops`` first.
 
 Versions. Every program carries ``fxopt_format.json`` (in the ``.pt2`` archive's extra
 files, or in the folder): ``{"fxopt_format": FORMAT_VERSION, "weights": {"int8": 1,
@@ -153,7 +153,7 @@ def load_program(path: str | Path, *, int4_format: int | None = None) -> nn.Modu
     For the ``code`` format this imports the folder's ``module.py`` and unpickles its
     ``NAME.pt`` submodules: it runs Python from the folder, like ``torch.load`` with
     ``weights_only=False``. Load only folders you trust."""
-    import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+    import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
     import fxopt.quant.ops  # noqa: F401 - registers torch.ops.fxopt_quant.*
 
     path = Path(path)

@@ -48,7 +48,7 @@ from fxopt.patterns.rules import (
     rule,
 )
 
-import fxopt.fused_ops  # noqa: F401 - the torch.ops.fxopt.* ops replacements call
+import fxopt.compile.fused_ops  # noqa: F401 - the torch.ops.fxopt.* ops replacements call
 
 __all__ = [
     "ANY", "Canon", "Match", "ParamRef", "Rewrite", "Rule", "RulePass", "apply_rules",

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from fxopt.patterns.constraints import equals, is_tensor, rank
 from fxopt.patterns.rules import register_rules, rule
 
-import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
 from fxopt.analysis.ops import declare_op
 from fxopt.analysis.shapes import value_device
 
@@ -229,7 +229,7 @@ def linear_gelu_fused(x, w, b):
 
 def _linear_on_cuda_half(m) -> bool:
     """The linear's value (``meta['val']``) is a CUDA fp16/bf16 tensor: where the fused
-    GEMM may win (fxopt.gemm_gelu times it against cuBLAS + GELU). Elsewhere the graph is
+    GEMM may win (fxopt.compile.gemm_gelu times it against cuBLAS + GELU). Elsewhere the graph is
     left as it was, so that CPU Inductor keeps its own fusion; without shapes nothing is
     known and nothing fires."""
     linear = next(g for p, g in m.nodes.items() if p in m.pattern.canon and m.pattern.canon[p].op == "linear")

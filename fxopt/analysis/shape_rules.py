@@ -582,7 +582,7 @@ def _getitem(env: Env, obj: Any, index: Any) -> Any:
     return obj[index]
 
 
-# --- fxopt's own fused ops: their fake kernels are these compositions (fxopt.fused_ops) --
+# --- fxopt's own fused ops: their fake kernels are these compositions (fxopt.compile.fused_ops) --
 
 _ADD, _SUB, _MUL, _DIV = _arith("add"), _arith("sub"), _arith("mul"), _arith("div")
 

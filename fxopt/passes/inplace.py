@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_leaves
 from fxopt.analysis.alias import AliasInfo, storages_of
 from fxopt.analysis.ops import Variant, inplace_variant, is_collective, output_aliases
 from fxopt.analysis.shapes import record_value
-from fxopt.guards import add_dtype_guard
+from fxopt.compile.guards import add_dtype_guard
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
 from fxopt.registry import register_pass

@@ -44,7 +44,7 @@ _CHANNEL_MULTIPLE = 8
 
 
 def _conv_targets() -> set[Any]:
-    import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+    import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
 
     fused = {getattr(torch.ops.fxopt, name) for name in _FUSED_CONV_OPS}
     return _CONV_TARGETS | fused | {op.default for op in fused}

@@ -60,7 +60,7 @@ class CompiledProfile:
     runs: int
     #: end-to-end time of one compiled call under the profiler
     total_s: float
-    #: the backend's record of each graph it compiled (fxopt.backend.CompiledGraph)
+    #: the backend's record of each graph it compiled (fxopt.compile.backend.CompiledGraph)
     graphs: list[Any] = field(default_factory=list, repr=False)
     warnings: list[str] = field(default_factory=list)
 
@@ -127,7 +127,7 @@ def profile_compiled(model: torch.nn.Module, example_inputs: Sequence[Any], *, p
                      repeat: int = 5) -> CompiledProfile:
     """Compile ``model`` with the ``fxopt`` backend, run it, and attribute each kernel's time
     to the FX nodes it computes. ``passes``/``options`` are :func:`fxopt.compile`'s."""
-    from fxopt.backend import compile as fxopt_compile
+    from fxopt.compile import compile as fxopt_compile
 
     if not isinstance(example_inputs, (tuple, list)):
         raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")

@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from fxopt.compile.seeding import seeded
 from fxopt.errors import (
     EquivalenceError,
     NondeterministicReferenceError,
@@ -45,7 +46,6 @@ from fxopt.errors import (
 )
 from fxopt.numerics import Mismatch, compare, exact_mismatch, is_low_precision
 from fxopt.provenance import PROVENANCE_KEY, origins
-from fxopt.seeding import seeded
 from fxopt.testing.inputs import random_inputs
 
 Model = nn.Module | Callable[..., Any]

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 
-import fxopt.fused_ops  # noqa: F401 - torch.ops.fxopt.*
+import fxopt.compile.fused_ops  # noqa: F401 - torch.ops.fxopt.*
 from fxopt.analysis.shape_rules import contiguous_strides
 from fxopt.analysis.shapes import propagate_meta_values, propagate_shapes
 

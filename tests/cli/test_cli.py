@@ -70,7 +70,7 @@ def test_optimize_takes_every_kind_of_model_and_saves_a_pt2_that_computes_the_sa
     assert "fuse_linear_relu" in result.stdout and "saved out.pt2 (torch.export" in result.stdout
     if report:
         assert "<html" in (workdir / "r.html").read_text().lower()
-    import fxopt.fused_ops  # noqa: F401 - the saved program calls torch.ops.fxopt.linear_relu
+    import fxopt.compile.fused_ops  # noqa: F401 - the saved program calls torch.ops.fxopt.linear_relu
 
     program = torch.export.load(workdir / "out.pt2")
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxopt
-import fxopt.passes.attention  # noqa: F401 - registers torch.ops.fxopt.sdpa
+import fxopt.compile.attention  # noqa: F401 - registers torch.ops.fxopt.sdpa
 
 
 class Attention(nn.Module):
@@ -103,7 +103,7 @@ def test_graph_without_recorded_values_is_left_alone():
 
 
 def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_are():
-    from fxopt.passes.attention import dense_key_axis
+    from fxopt.compile.attention import dense_key_axis
 
     broadcast_keys = (torch.arange(6) >= 2).view(1, 1, 6, 1).expand(2, 1, 6, 6)  # how HF builds it
     dense = dense_key_axis(broadcast_keys)

@@ -1,4 +1,4 @@
-"""CUDA-graph replay inside the backend (fxopt.replay): refused wherever a replay could
+"""CUDA-graph replay inside the backend (fxopt.compile.replay): refused wherever a replay could
 differ from a plain call, one capture per call shape in a bounded LRU cache, and, on a GPU,
 invisible to the caller when it happens."""
 
@@ -15,8 +15,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import fxopt
+from fxopt.compile.replay import ShapeBook, ShapeCache, describe, refusal, signature
 from fxopt.errors import PassOptionError
-from fxopt.replay import ShapeBook, ShapeCache, describe, refusal, signature
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -1,4 +1,4 @@
-"""Training steps through the backend: which graphs may be replayed (fxopt.training), the
+"""Training steps through the backend: which graphs may be replayed (fxopt.compile.training), the
 memory budget (fxopt.memory.budget), and, on a GPU, that a replayed step is a plain step."""
 
 import copy
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxopt
-from fxopt.backend import _work_copy
+from fxopt.compile.backend import _work_copy
+from fxopt.compile.training import PlainOutputs, fresh_outputs, refusal, training_route
 from fxopt.errors import PassOptionError
-from fxopt.training import PlainOutputs, fresh_outputs, refusal, training_route
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -131,7 +131,7 @@ def test_around_aot_autograd_the_gradients_handed_to_grad_are_the_ones_the_hook_
     """``.backward()``: every parameter's gradient stolen into ``.grad`` is one that the hook
     on the compiled graph's backward node noted (so it is copied before a later replay), and
     the gradients are eager's."""
-    from fxopt import training
+    from fxopt.compile import training
 
     torch.manual_seed(0)
     model = _Mlp(view)
@@ -156,7 +156,7 @@ def test_around_aot_autograd_the_gradients_handed_to_grad_are_the_ones_the_hook_
 def test_around_aot_autograd_a_partial_backward_gets_copies_equal_to_eager(view, how):
     """``torch.autograd.grad`` and ``.backward(inputs=...)`` run only part of the graph: the
     hook copies every gradient (nothing is noted for a later replay to copy)."""
-    from fxopt import training
+    from fxopt.compile import training
 
     torch.manual_seed(0)
     model = _Mlp(view)
@@ -182,7 +182,7 @@ def test_a_backward_inside_a_compiled_step_runs_the_hook_untraced():
     """A step compiled whole runs its backward inside Dynamo's frame (on the CPU, on the
     calling thread): Dynamo must not compile the gradient hook (it did, with the engine's
     queries as graph calls), and the step still trains as eager does."""
-    from fxopt import training
+    from fxopt.compile import training
 
     torch.manual_seed(0)
     model = _Mlp(False)
@@ -398,7 +398,7 @@ class _Pool:
 
 
 def test_gradients_never_reach_the_caller_in_the_pool(monkeypatch):
-    from fxopt import training
+    from fxopt.compile import training
 
     generation = [0]
     monkeypatch.setattr(training, "_generation", lambda: generation[0])
@@ -423,7 +423,7 @@ def test_gradients_never_reach_the_caller_in_the_pool(monkeypatch):
 def test_what_the_backward_hook_calls_is_imported_before_any_backward():
     """The hook on a replayed graph's backward node runs inside the autograd engine: an
     import there (Inductor's CUDA-graph tree manager, on its first call) left torch 2.11's
-    garbage collector to crash later. So importing fxopt.training imports it."""
-    code = "import sys, fxopt.training; print('torch._inductor.cudagraph_trees' in sys.modules)"
+    garbage collector to crash later. So importing fxopt.compile.training imports it."""
+    code = "import sys, fxopt.compile.training; print('torch._inductor.cudagraph_trees' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True"]

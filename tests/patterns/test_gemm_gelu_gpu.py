@@ -1,4 +1,4 @@
-"""fxopt.gemm_gelu on a CUDA GPU (skipped elsewhere): every configuration against an fp32
+"""fxopt.compile.gemm_gelu on a CUDA GPU (skipped elsewhere): every configuration against an fp32
 reference at the shapes it is for, the measured choice and its cache, CUDA-graph capture,
 and ``torch.compile(backend="fxopt")`` calling the op as one external kernel."""
 
@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxopt  # noqa: F401 - registers backend="fxopt"
-import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
-from fxopt import gemm_gelu
+import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
+from fxopt.compile import gemm_gelu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)

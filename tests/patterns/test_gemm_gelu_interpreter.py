@@ -1,4 +1,4 @@
-"""fxopt.gemm_gelu's Triton kernel run by Triton's interpreter on CPU tensors
+"""fxopt.compile.gemm_gelu's Triton kernel run by Triton's interpreter on CPU tensors
 (``TRITON_INTERPRET=1 pytest tests/patterns/test_gemm_gelu_interpreter.py``): ragged M, N
 and K, with and without bias, strided activations and weights, several tile shapes.
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..triton_interpreter import use_interpreter
 
 use_interpreter()  # before anything imports triton
-from fxopt.gemm_gelu import Config, kernel_applies, run_config  # noqa: E402
+from fxopt.compile.gemm_gelu import Config, kernel_applies, run_config  # noqa: E402
 
 #: small tiles, so that several tiles, a partial group and ragged edges occur at small sizes
 TILES = [Config(16, 32, 32, 4, 1, group_m=2), Config(32, 16, 16, 4, 1, group_m=3)]
@@ -66,7 +66,7 @@ def test_decision_keeps_the_fastest_and_skips_what_cannot_build():
     configuration Triton cannot build is recorded as None."""
     import triton
 
-    from fxopt.gemm_gelu import _decide, candidate_configs
+    from fxopt.compile.gemm_gelu import _decide, candidate_configs
 
     x, w = torch.randn(20, 64, dtype=torch.float16), (torch.randn(40, 64) / 8).to(torch.float16)
     configs = [str(c) for c in candidate_configs(40, 64)]

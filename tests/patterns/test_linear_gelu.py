@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxopt
-import fxopt.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
-from fxopt import gemm_gelu
+import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
+from fxopt.compile import gemm_gelu
 
 from .conftest import dynamo_graph
 

@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fxopt.fused_ops  # noqa: F401
+import fxopt.compile.fused_ops  # noqa: F401
 
 from .conftest import CAPTURES, capture
 

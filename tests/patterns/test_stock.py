@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxopt
-import fxopt.fused_ops as fused_ops
+from fxopt.compile import fused_ops
 from fxopt.models import mobilenet_v2, resnet18
 
 from .conftest import capture, ops, randomize_bn
@@ -270,7 +270,7 @@ def test_fused_ops_decompose_even_if_inductor_compiled_before_fxopt_was_imported
     script = (
         "import torch\n"
         "torch.compile(lambda x: x.relu() + 1)(torch.randn(4))\n"
-        "import fxopt.fused_ops\n"
+        "import fxopt.compile.fused_ops\n"
         "from torch._inductor.decomposition import select_decomp_table\n"
         "table = select_decomp_table()\n"
         "assert torch.ops.fxopt.conv_bias_relu.default in table\n"

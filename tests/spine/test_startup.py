@@ -31,7 +31,7 @@ def test_import_and_lookup_load_nothing_heavy_and_inductor_learns_the_fused_ops_
         "import fxopt",
         "fxopt.get_pass_class('dce')",
         "fxopt.PassManager(['remove_dropout', 'cse', 'dce', 'inplace', 'plan_memory'])",
-        "fxopt.PassManager(list(fxopt.DEFAULT_PIPELINE))",  # imports fxopt.fused_ops
+        "fxopt.PassManager(list(fxopt.DEFAULT_PIPELINE))",  # imports fxopt.compile.fused_ops
         "import torch\n"
         "from torch._inductor.decomposition import decompositions\n"
         "assert torch.ops.fxopt.add_relu.default in decompositions",

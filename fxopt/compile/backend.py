@@ -22,14 +22,14 @@ up as Inductor constants. After the user's passes, the layout passes of
 :mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
 cores (channels-last weights, as Inductor's freezing does for the convolutions it sees,
 and RGB stems padded to 8 channels). On every inference graph, attention whose sizes are
-symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.passes.attention`:
+symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.compile.attention`:
 Inductor would compile the fp32 math fallback). Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
 Training graphs are never frozen and inference-only passes are skipped on them, with a
 line in the report.
 
 CUDA graphs. A compiled inference graph whose replay the caller could not tell from a
-plain call (see :mod:`fxopt.replay`) is replayed as CUDA graphs, one per call shape (at
+plain call (see :mod:`fxopt.compile.replay`) is replayed as CUDA graphs, one per call shape (at
 most ``replay_shapes``), from the second call of each shape on: on conv nets, plain
 launches are bound by host time, which fusing kernels does not cut. ``cuda_graphs=False``
 turns it off; ``CompiledGraph.no_replay`` says why a graph is not replayed at all, and
@@ -58,27 +58,27 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from fxopt.analysis.alias import storages_of, traced_value, written_storages
 from fxopt.analysis.shapes import VALUES_CURRENT
+from fxopt.compile.attention import DeferSdpaChoice
+from fxopt.compile.replay import GraphReplay, ReplayLog
+from fxopt.compile.replay import refusal as replay_refusal
+from fxopt.compile.training import PlainOutputs, fresh_outputs, inductor_skips, training_route
+from fxopt.compile.training import refusal as training_refusal
 from fxopt.errors import FxoptError, PassError, PassOptionError
 from fxopt.graph_utils import fresh_attr_name
 from fxopt.manager import PassManager, VerifyEach
 from fxopt.optimize import DEFAULT_PIPELINE
 from fxopt.pass_protocol import FunctionPass, Pass, PassResult
-from fxopt.passes.attention import DeferSdpaChoice
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import Composite, Conditional, PassLike, resolve
-from fxopt.replay import GraphReplay, ReplayLog
-from fxopt.replay import refusal as replay_refusal
 from fxopt.report import Report
 from fxopt.snapshot import GraphSnapshot
-from fxopt.training import PlainOutputs, fresh_outputs, inductor_skips, training_route
-from fxopt.training import refusal as training_refusal
 
 try:  # torch >= 2.6; the import path has been stable since
     from torch._inductor.custom_graph_pass import CustomGraphPass
 except ImportError:  # pragma: no cover - older torch has no cache-safe custom passes
     CustomGraphPass = object  # type: ignore[assignment,misc]
 
-__all__ = ["BackendOptions", "CompiledGraph", "InductorPass", "compile", "fxopt_backend"]
+__all__ = ["BackendOptions", "CompiledGraph", "InductorPass", "fxopt_backend"]
 
 #: Inductor config entries the ATen-level pipelines are installed into, by option name
 INDUCTOR_HOOKS: dict[str, str] = {
@@ -114,13 +114,13 @@ class BackendOptions:
     inductor: Mapping[str, Any] = field(default_factory=dict)
     #: a torch.compile mode ("max-autotune", ...), translated to Inductor options
     mode: str | None = None
-    #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.replay)
+    #: replay inference graphs as CUDA graphs where the caller cannot tell (fxopt.compile.replay)
     cuda_graphs: bool = True
     #: the most call shapes of one graph kept captured as CUDA graphs (least recently used
     #: evicted); each holds its input buffers and outputs in the graph's memory pool
     replay_shapes: int = 8
     #: replay training steps (forward, backward, optimizer update) through Inductor's CUDA-graph
-    #: trees with plain-call semantics (fxopt.training): None (the default) wherever that is
+    #: trees with plain-call semantics (fxopt.compile.training): None (the default) wherever that is
     #: sound, False never (``cuda_graphs=False`` turns it off too), True the same as None but a
     #: graph that cannot be replayed warns, naming the option and why
     training_cuda_graphs: bool | None = None
@@ -248,26 +248,6 @@ def fxopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     return _compile_graph(gm, list(example_inputs), BackendOptions.parse(options, mode))
 
 
-def compile(model: Callable, passes: PassLike | Iterable[PassLike] | None = None, *,
-            options: Mapping[str, Any] | None = None, **torch_compile_kwargs: Any) -> Callable:
-    """``torch.compile(model, backend="fxopt")`` with ``passes`` as the torch-level pipeline.
-
-    ``options`` takes the other backend options (see :class:`BackendOptions`);
-    ``torch_compile_kwargs`` go to ``torch.compile`` (``dynamic``, ``fullgraph``, ``mode``).
-    Options are validated here, so mistakes raise at once rather than at the first call.
-    """
-    opts = dict(options or {})
-    if passes is not None:
-        if "passes" in opts:
-            raise PassOptionError(_BACKEND, "passes", "given both as an argument and in options")
-        opts["passes"] = passes
-    mode = torch_compile_kwargs.pop("mode", None)
-    BackendOptions.parse(opts, mode)
-    if mode is not None:
-        opts["mode"] = mode
-    return torch.compile(model, backend=fxopt_backend, options=opts, **torch_compile_kwargs)
-
-
 def is_training(example_inputs: Sequence[Any]) -> bool:
     """A graph is trained when autograd is on and some input requires grad."""
     return torch.is_grad_enabled() and any(
@@ -345,7 +325,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
 
 def _training_step_replay(work: fx.GraphModule, inputs: list[Any], training: bool, opts: BackendOptions,
                           patches: dict[str, Any], record: CompiledGraph) -> bool:
-    """Whether ``work`` is replayed as part of a training step (fxopt.training): then
+    """Whether ``work`` is replayed as part of a training step (fxopt.compile.training): then
     Inductor's CUDA-graph trees are switched on in ``patches``. A training-step graph that
     is refused gets the reason in ``record.no_replay``."""
     placeholders = list(work.graph.find_nodes(op="placeholder"))
@@ -673,8 +653,8 @@ def _core_source_hash() -> bytes:
     global _CORE_HASH
     if _CORE_HASH is None:
         hasher = hashlib.sha256()
-        root = Path(__file__).parent
-        for path in sorted([*root.glob("*.py"), *root.glob("analysis/*.py")]):
+        root = Path(__file__).parents[1]
+        for path in sorted([*root.glob("*.py"), *root.glob("analysis/*.py"), *root.glob("compile/*.py")]):
             hasher.update(path.read_bytes())
         _CORE_HASH = hasher.digest()
     return _CORE_HASH

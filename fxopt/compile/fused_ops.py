@@ -7,7 +7,7 @@ Each is a ``torch.library`` operator with three faces:
   (``torch.cudnn_convolution_add_relu``), cuBLASLt's GEMM with a ReLU epilogue
   (``torch._addmm_activation``), a Triton kernel for add+ReLU, and for linear + exact GELU
   a Triton GEMM with the GELU in its epilogue where timing says it wins
-  (:mod:`fxopt.gemm_gelu`);
+  (:mod:`fxopt.compile.gemm_gelu`);
 - **eager, elsewhere** (CPU, unsupported dtypes or layouts): the unfused computation done
   in place on the first op's fresh result, which at least saves the intermediate tensor;
 - **compiled**: a fake (meta) implementation for shape propagation and a decomposition
@@ -20,7 +20,7 @@ Each is a ``torch.library`` operator with three faces:
   1.28x / 1.39x faster than decomposing them (bench/RESULTS.md);
   :func:`set_inductor_keeps_cudnn_fusions` (False) decomposes them too. The other: linear
   + GELU has no decomposition at all, so Inductor calls the op as an external kernel and
-  it runs :mod:`fxopt.gemm_gelu`'s measured choice (Inductor's own lowering would be
+  it runs :mod:`fxopt.compile.gemm_gelu`'s measured choice (Inductor's own lowering would be
   cuBLAS and a separate GELU kernel, the very pass over memory the op saves).
 
 Importing this module registers the ops; :mod:`fxopt.patterns.stock` imports it.
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fxopt import gemm_gelu
 from fxopt.analysis.ops import declare_op
+from fxopt.compile import gemm_gelu
 from fxopt.lazy import after_import
 
 _CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
