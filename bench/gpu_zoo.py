@@ -258,13 +258,13 @@ def _global_freezing_unfixed():
     had already frozen: no layout passes (diagnostic of the harness disagreement)."""
     from fxopt.compile import backend
 
-    saved = backend._traced_frozen
-    backend._traced_frozen = lambda *args: False
+    saved = backend.traced_frozen
+    backend.traced_frozen = lambda *args: False
     try:
         with torch._inductor.config.patch(freezing=True):
             yield
     finally:
-        backend._traced_frozen = saved
+        backend.traced_frozen = saved
 
 
 def _cudnn_attention_first() -> contextlib.AbstractContextManager:

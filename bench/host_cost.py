@@ -97,12 +97,13 @@ def _fxopt_wrap(fn: Callable) -> Callable:
     measurable on any device. Inference graphs (an optimizer update) are left plain."""
     from torch._inductor.compile_fx import compile_fx
 
-    from fxopt.compile.backend import _work_copy, is_training
+    from fxopt.compile.backend import is_training
+    from fxopt.compile.freezing import work_copy
     from fxopt.compile.training import PlainOutputs, fresh_outputs
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         compiled = compile_fx(gm, example_inputs)
-        return PlainOutputs(compiled, fresh_outputs(_work_copy(gm))) if is_training(example_inputs) else compiled
+        return PlainOutputs(compiled, fresh_outputs(work_copy(gm))) if is_training(example_inputs) else compiled
 
     return torch.compile(fn, backend=backend)
 

@@ -170,7 +170,7 @@ def compiled(variant: str, step: Callable, reports: list) -> tuple[Callable, con
     import torch._functorch.config as functorch_config
 
     import fxopt
-    from fxopt.compile.backend import BackendOptions
+    from fxopt.compile.options import BackendOptions
 
     if variant == "eager":
         return step, contextlib.nullcontext()

@@ -22,7 +22,7 @@ machinery for training graphs, by default, with what keeps plain-call semantics 
   ``zero_grad(set_to_none=False)``) is copied out of the pool first. Before, such loops met
   the trees' "overwritten by a subsequent run" error, and training replay was opt-in.
 - Weights frozen into inference graphs (an evaluation under ``no_grad`` between steps)
-  are watched by :class:`fxopt.compile.backend.FrozenWeights`: once a step changed them, that
+  are watched by :class:`fxopt.compile.freezing.FrozenWeights`: once a step changed them, that
   graph runs with its weights as inputs.
 
 The backend also refuses graphs of FSDP-managed modules, whose parameters FSDP

@@ -281,8 +281,8 @@ def test_weights_dynamo_already_froze_still_get_the_layout_passes(flag):
 def test_fused_convs_leave_pointwise_convolutions_to_inductor_when_it_lowers_them_as_mm():
     """With Inductor's ``conv_1x1_as_mm`` (a user's option) a fused 1x1 conv decomposes, so
     Inductor can make it a matrix product; otherwise it may stay one cuDNN call."""
-    from fxopt.compile.backend import BackendOptions
     from fxopt.compile.fused_ops import inductor_lowers_as_mm
+    from fxopt.compile.options import BackendOptions
 
     user = BackendOptions(inductor={"conv_1x1_as_mm": True})
     assert user.inductor_patches(frozen=True, training=False)["conv_1x1_as_mm"] is True

@@ -5,7 +5,7 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import fxopt
-from fxopt.compile.backend import InductorPass
+from fxopt.compile.inductor_pass import InductorPass
 from fxopt.testing import assert_equivalent
 
 

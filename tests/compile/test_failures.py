@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import fxopt
-from fxopt.compile.backend import InductorPass
+from fxopt.compile.inductor_pass import InductorPass
 from fxopt.testing import assert_equivalent
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fxopt
-from fxopt.compile.backend import _work_copy
+from fxopt.compile.freezing import work_copy
 from fxopt.compile.training import PlainOutputs, fresh_outputs, refusal, training_route
 from fxopt.errors import PassOptionError
 
@@ -105,7 +105,7 @@ def _inductor_in_plain_outputs(seen=None):
                 seen.append(args)
             return compiled(*args)
 
-        return PlainOutputs(call, fresh_outputs(_work_copy(gm)))
+        return PlainOutputs(call, fresh_outputs(work_copy(gm)))
 
     return backend
 
@@ -221,7 +221,7 @@ def test_the_work_copy_keeps_dynamo_metadata_that_aot_autograd_reads():
     seen = {}
 
     def backend(gm, inputs):
-        seen["gm"], seen["work"] = gm, _work_copy(gm)
+        seen["gm"], seen["work"] = gm, work_copy(gm)
         return gm.forward
 
     torch.compile(nn.Linear(4, 2), backend=backend)(torch.randn(3, 4)).sum().backward()
