@@ -40,10 +40,14 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name in ("profile", "profile_compiled", "Profile"):  # torch.profiler: loaded on use
+    if name in ("profile", "Profile"):  # torch.profiler: loaded on use
         import fxopt.profiling
 
         return getattr(fxopt.profiling, name)
+    if name == "profile_compiled":
+        from fxopt.compile.profile import profile_compiled
+
+        return profile_compiled
     raise AttributeError(f"module 'fxopt' has no attribute {name!r}")
 
 

@@ -19,7 +19,8 @@ A graph's way through, and the file for each step:
 Beside the path: ``guards.py``, the dtype checks a pass such as ``inplace`` puts in a graph
 it specialized (Dynamo drops them at trace time); ``seeding.py``, torch's generator seeded
 for a verifying run, only for graphs that draw random numbers (both are used outside the
-compile path too: they import nothing of it).
+compile path too: they import nothing of it); ``profile.py``, a model compiled here and
+handed to :mod:`fxopt.profiling`, which sits below and never imports the backend.
 
 Importing this package loads nothing heavy; :func:`compile` loads the backend (Inductor,
 seconds) on its first call. Once ``fxopt`` is imported, ``fxopt.compile`` is that function,

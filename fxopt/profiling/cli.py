@@ -37,7 +37,7 @@ def add_subcommand(sub: Any, parse_shape: Any, load_factory: Any, parents: list[
 
 
 def run(args: argparse.Namespace, load_factory: Any) -> int:
-    from fxopt.profiling import profile
+    from fxopt.profiling.run import profile
 
     made = load_factory(args.target)()
     model, inputs = made if isinstance(made, tuple) else (made, None)

@@ -9,6 +9,9 @@ reads: ``cppCodeToPost`` (kernel -> post-grad nodes; CPU and GPU kernels alike) 
 (rewritten) nodes. The artifact is captured here with a logging handler on the
 structured-trace logger while the model compiles; no private Inductor state is read.
 
+It measures a callable compiled elsewhere (:func:`profile_kernels`);
+:func:`fxopt.profile_compiled` compiles a model with the ``fxopt`` backend and hands it in.
+
 Costs come from torch.profiler: generated CPU kernels are profiler ranges when
 ``cpp.enable_kernel_profile`` is on (named ``graph_<i>_<kernel>``), Triton kernels are GPU
 events under their own name, and extern kernels (``extern_kernels.mm``,
@@ -24,7 +27,7 @@ import logging
 import re
 import statistics
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,27 +118,26 @@ class _ArtifactCatcher(logging.Handler):
                 pass
 
 
-def _provenance_option() -> dict[str, Any]:
+def kernel_profile_options() -> dict[str, Any]:
+    """The Inductor options a model must be compiled with for :func:`profile_kernels`: kernel
+    ranges in the profiler for generated CPU code, the provenance artifact, and no FX graph
+    cache (a cache hit would skip the code generation that reports origins)."""
     trace = torch._inductor.config.trace
-    if hasattr(trace, "provenance_tracking_level"):
-        return {"trace.provenance_tracking_level": 1}
-    return {"trace.provenance_tracking": True}  # torch versions before the level setting
+    provenance = {"trace.provenance_tracking_level": 1} if hasattr(trace, "provenance_tracking_level") \
+        else {"trace.provenance_tracking": True}  # torch versions before the level setting
+    return {"cpp.enable_kernel_profile": True, "fx_graph_cache": False, **provenance}
 
 
-def profile_compiled(model: torch.nn.Module, example_inputs: Sequence[Any], *, passes: Any = None,
-                     options: dict[str, Any] | None = None, warmup: int = 2,
-                     repeat: int = 5) -> CompiledProfile:
-    """Compile ``model`` with the ``fxopt`` backend, run it, and attribute each kernel's time
-    to the FX nodes it computes. ``passes``/``options`` are :func:`fxopt.compile`'s."""
-    from fxopt.compile import compile as fxopt_compile
-
+def profile_kernels(compiled: Callable[..., Any], example_inputs: Sequence[Any], *,
+                    graphs: list[Any] | None = None, warmup: int = 2, repeat: int = 5) -> CompiledProfile:
+    """Run ``compiled``, a ``torch.compile``-d callable not yet called (its first call compiles,
+    and that is when Inductor says where each kernel comes from), and attribute each kernel's
+    time to the FX nodes it computes. Compile it with :func:`kernel_profile_options` among the
+    Inductor options; ``graphs`` (the backend's records of what it compiled) are kept on the
+    result. The compile path hands the callable in (:func:`fxopt.profile_compiled`), so
+    profiling never imports the backend."""
     if not isinstance(example_inputs, (tuple, list)):
         raise InputError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
-    opts = dict(options or {})
-    graphs: list[Any] = opts.setdefault("reports", [])
-    opts["inductor"] = {**opts.get("inductor", {}), "cpp.enable_kernel_profile": True,
-                        "fx_graph_cache": False, **_provenance_option()}
-    compiled = fxopt_compile(model, passes, options=opts)
     catcher = _ArtifactCatcher()
     trace_log = logging.getLogger(_TRACE_LOGGER)
     trace_log.addHandler(catcher)
@@ -155,7 +157,7 @@ def profile_compiled(model: torch.nn.Module, example_inputs: Sequence[Any], *, p
                 compiled(*example_inputs)
                 sync()
     result = _measure(kernels, prof.profiler.kineto_results.events(), repeat, device)
-    result.graphs = graphs
+    result.graphs = graphs if graphs is not None else []
     if not catcher.payloads:
         result.warnings.append("Inductor published no kernel provenance (this torch may not "
                                "support trace.provenance_tracking); kernels have no FX nodes")

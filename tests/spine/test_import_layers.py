@@ -6,6 +6,10 @@ The graph is read from the source with ``ast``, so every loop shows, not only th
 import order trips over: imports at module level and inside functions both count (a lazy
 import only defers the loop); ``if TYPE_CHECKING:`` blocks do not (they never run).
 ``patterns/`` installs as ``fxopt.patterns``, ``visualize/`` as ``fxopt.visualize``.
+
+The layers that matter most: the compile path (``fxopt.compile``) sits on top of the core
+and of profiling; profiling takes compiled callables and never reaches the backend (it used
+to import it, which closed a loop ``backend -> optimize -> profiling -> backend``).
 """
 
 from __future__ import annotations
@@ -105,7 +109,34 @@ def test_the_graph_sees_imports_at_every_level_but_not_type_checking_ones():
     assert graph.has_edge("fxopt.visualize.report", "fxopt.visualize.figures")  # relative
     assert graph.has_edge("fxopt.patterns.stock", "fxopt.patterns.rules")  # patterns/ installed
     assert not graph.has_edge("fxopt.optimize", "fxopt.profiling")  # under TYPE_CHECKING only
+    assert graph.has_edge("fxopt.compile", "fxopt.compile.backend")  # a package's own function
     assert loops(nx.DiGraph([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])) == {frozenset("abc")}
+
+
+#: the modules that make up the backend: what only the compile path may reach
+BACKEND = ("fxopt.compile.backend", "fxopt.compile.options", "fxopt.compile.inductor_pass",
+           "fxopt.compile.freezing")
+
+
+def test_profiling_never_reaches_the_backend():
+    """Profiling measures the callable the compile path hands it. The package keeps its old
+    name ``fxopt.profiling.profile_compiled`` as a lazy re-export of the compile path's (its
+    ``__init__`` may reach up); none of its modules does."""
+    graph = import_graph()
+    assert graph.has_edge("fxopt.compile.profile", "fxopt.profiling.inductor")  # the way it goes
+    modules = [m for m in graph if m.startswith("fxopt.profiling.")]
+    assert "fxopt.profiling.inductor" in modules
+    reach = {m: sorted(b for b in BACKEND if nx.has_path(graph, m, b)) for m in modules}
+    assert {m: found for m, found in reach.items() if found} == {}
+
+
+def test_every_package_is_installed():
+    """pyproject lists packages explicitly (find_packages cannot map patterns/ and
+    visualize/ into the namespace): a folder missing from the list is left out of wheels."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in source_modules().items() if path.name == "__init__.py"}
+    assert packages == listed
 
 
 def test_no_import_loops_but_the_known_ones():
