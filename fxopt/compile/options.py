@@ -32,7 +32,7 @@ INDUCTOR_HOOKS: dict[str, str] = {
     "joint_post_passes": "joint_custom_post_pass",
 }
 
-
+#: who PassOptionError says an option belongs to
 BACKEND = "fxopt backend"
 
 
