@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from fxopt.profiling import Profile
 
 #: measures a graph on inputs: ``fxopt.profile``, or a ``functools.partial`` of it. A
-#: parameter, not an import: fxopt.profiling sits above optimize (it profiles compiled graphs
-#: through fxopt.compile.backend, which runs optimize).
+#: parameter, not an import: fxopt.profiling sits above optimize (fxopt.profiling.run captures
+#: models with it).
 Profiler = Callable[[fx.GraphModule, Sequence[Any]], "Profile"]
 
 #: what ``optimize`` runs when ``passes`` is omitted: inference cleanups, safe on any graph
