@@ -40,9 +40,9 @@ MAX_TWO_TERM_K = 32768
 
 
 @functools.cache
-def two_term_max_m(device_index: int) -> int:
-    """The crossover on the GPU ``device_index`` (looked up once per process and device)."""
-    return TWO_TERM_MAX_M.get(torch.cuda.get_device_name(device_index), DEFAULT_TWO_TERM_MAX_M)
+def two_term_max_m(device: torch.device) -> int:
+    """The crossover on the CUDA ``device`` (looked up once per process and device)."""
+    return TWO_TERM_MAX_M.get(torch.cuda.get_device_name(device), DEFAULT_TWO_TERM_MAX_M)
 
 
 def int8_route(x2d: Tensor, w: Tensor) -> str:
@@ -51,7 +51,7 @@ def int8_route(x2d: Tensor, w: Tensor) -> str:
     m, k = x2d.shape
     if x2d.dtype not in (torch.bfloat16, torch.float16) or k > MAX_TWO_TERM_K:
         return "weight_only"
-    if m > two_term_max_m(x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()):
+    if m > two_term_max_m(x2d.device):
         return "reference"
     return "two_term"
 
