@@ -8,7 +8,9 @@ merged gate/up weight (N = 22016, K = 4096) and the down projection (N = 4096, K
 
 - ``bf16``: ``F.linear`` on a bf16 weight (cuBLAS), the baseline;
 - ``wo_triton``: fxopt's int8 weight-only Triton kernels (GEMV / swap-AB GEMM);
-- ``wo_reference``: the weight dequantized to bf16 by one kernel, then cuBLAS;
+- ``two_term``: the int8 ops' route up to the crossover (``fxopt.quant.int8_mm.two_term_linear``);
+- ``dequant_cublas``: their route above it (``int8_mm.dequantized_linear``: one dequantizing
+  pass, then cuBLAS); ``wo_reference``: the eager reference definition (three fp32 passes);
 - ``w8a8`` / ``w8a8_2term``: per-token int8 activations (one term, or the activation and
   its rounding residual as two int8 rows each, so the product is as exact as weight-only's),
   ``torch._int_mm`` (cuBLASLt int8 tensor cores) and the rescale; also the parts alone;
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 import triton
 
 import fxopt.quant  # noqa: F401  (registers torch.ops.fxopt_quant)
+from fxopt.quant import int8_mm
 
 D, HIDDEN = 4096, 11008
 SHAPES = {"gate+up": (2 * HIDDEN, D), "down": (D, HIDDEN)}
@@ -55,6 +58,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--ms", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096")
     p.add_argument("--no-gemlite", action="store_true")
+    p.add_argument("--only", default="", help="comma-separated labels to time (default: all)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     ms = [int(m) for m in args.ms.split(",")]
@@ -93,6 +97,8 @@ def main() -> None:
             row = {"shape": name, "N": n, "K": k, "M": m, "copies": copies}
 
             def run(label, fn):
+                if args.only and label not in args.only.split(","):
+                    return
                 try:
                     row[label] = round(time_us(fn, copies), 2)
                 except Exception as exc:  # noqa: BLE001
@@ -100,6 +106,8 @@ def main() -> None:
                     row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
 
             run("bf16", lambda: [F.linear(x, w) for w in w16])
+            run("two_term", lambda: [int8_mm.two_term_linear(x, w, s, None) for w, s in zip(w8, ws)])
+            run("dequant_cublas", lambda: [int8_mm.dequantized_linear(x, w, s, None) for w, s in zip(w8, ws)])
             run("wo_triton", lambda: [ops.int8_weight_only_linear(x, w, s, None) for w, s in zip(w8, ws)])
             run("wo_reference", lambda: [F.linear(x, (w.to(torch.bfloat16) * s[:, None].to(torch.bfloat16))) for w, s in zip(w8, ws)])
             if m > 16:
