@@ -52,7 +52,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # an installed fxopt first
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from quant_gpu import D, MLPStack  # noqa: E402
