@@ -18,7 +18,7 @@ from fxopt.backend import _work_copy
 from fxopt.errors import PassOptionError
 from fxopt.training import PlainOutputs, fresh_outputs, refusal, training_route
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 def make_fx_graph(fn, *shapes, device="cuda"):
