@@ -177,9 +177,11 @@ def _grads_out_of_pool(grad_inputs: tuple[torch.Tensor | None, ...], _: Any) -> 
     bench/RESULTS.md, "Host cost per call (issue 29)")."""
     if not torch._C._will_engine_execute_node(_ANCHOR_NODE):
         return tuple(None if g is None else g.clone() for g in grad_inputs)
-    edges = torch._C._current_autograd_node().next_functions
-    handed = [(weakref.ref(node.variable), g.data_ptr()) for (node, _), g in zip(edges, grad_inputs)
-              if g is not None and hasattr(node, "variable")]  # AccumulateGrad's leaf
+    handed = []
+    for (node, _), grad in zip(torch._C._current_autograd_node().next_functions, grad_inputs):
+        leaf = getattr(node, "variable", None)  # AccumulateGrad's
+        if leaf is not None and grad is not None:
+            handed.append((weakref.ref(leaf), grad.data_ptr()))
     generation = _generation()
     with _PENDING.lock:
         if _PENDING.generation != generation:
