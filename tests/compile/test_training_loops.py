@@ -291,7 +291,7 @@ CASES = {
 ON_CPU = ("model_only", "whole_step", "outputs_kept_across_steps", "dropout_as_eager_draws",
           "no_grad_eval_between_steps", "autograd_grad")
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 @cuda

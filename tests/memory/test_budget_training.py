@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fxopt
 from fxopt.errors import PassOptionError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 class Bottleneck(nn.Module):

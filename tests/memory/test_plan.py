@@ -331,7 +331,7 @@ def test_arena_run_with_scalar_first_operands_and_broadcasts():
     assert "sub" in runner.unplanned
 
 
-_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", _DEVICES)

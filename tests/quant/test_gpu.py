@@ -16,8 +16,7 @@ from fxopt.quant.accuracy import sqnr
 from fxopt.quant.formats import pack_int4, unpack_int4
 from fxopt.quant.ops import ops
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 
 
