@@ -34,6 +34,7 @@ pair of quantize/dequantize ops covers per-tensor, per-channel and per-token sch
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -69,6 +70,12 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
     declare_op(f"fxopt_quant::{name}", pure=True)
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported: asked once (a path search), not on every op call."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
                       scales: Tensor | None = None) -> str | None:
     """Why a weight-only op on ``x`` and the weight ``w`` computes its reference definition
@@ -94,7 +101,7 @@ def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
             return f"group size {group_size} with K = {k}: the kernels take powers of two >= 32 dividing K"
     if x.device.type != "cuda":
         return f"{x.device.type} tensors (the Triton kernels run on CUDA)"
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "triton is not installed"
     if group_size is not None and int8_configs.m_bucket(x.numel() // max(k, 1)) == int8_configs.LARGE_M:
         return f"above {int8_configs.M_BUCKETS[-1]} rows the int4 op dequantizes and calls cuBLAS"
