@@ -44,7 +44,8 @@ Variants (``--variants``, comma-separated names of :data:`VARIANTS`):
   Llama generate script decodes. Where torchao does not import, the row says why. In one
   process they run last: ``quantize_`` sets Inductor's global options.
 
-Every compile is ``dynamic=False``: one static graph per shape (4 per variant). The JSON
+Every compile is ``dynamic=False``: one static graph per shape (4 per variant; ``graphs``
+counts Dynamo's, ``cudagraph_skips`` the graphs reduce-overhead ran without CUDA graphs). The JSON
 (``decoder.json``) is rewritten after every variant; ``--budget-s`` skips the variants left
 once it is spent. ``--smoke``: CPU, fp32, tiny config and shapes, few steps; every compiled
 variant is traced by Dynamo with ``fullgraph=True`` and run by its eager backend (no
@@ -70,6 +71,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +111,8 @@ class Shapes:
         self.agree_steps = 8 if smoke else 64  # AGREE_STEPS
         self.cache_len = 32 if smoke else 256  # CACHE_LEN: prompt + agree_steps fit
         self.steps, self.rounds, self.prefill_reps = (4, 2, 2) if smoke else (args.steps, args.rounds, args.prefill_reps)
+        if self.prompt + max(self.agree_steps, self.steps) > self.cache_len:
+            raise SystemExit(f"--steps {self.steps}: the prompt and the steps exceed the cache ({self.cache_len})")
 
 
 # --- timing: small and local, so a shared harness can replace it -------------------------
@@ -283,8 +287,13 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
             row["reserved_before_gb"] = round(torch.cuda.memory_reserved() / 2**30, 3)
         stats: dict[str, Any] = {}
         fn, context = compiled(route, model, stats, args, args.smoke)
+        counters.clear()
         with torch.no_grad():
             measure(model, fn, context, shapes, reference, row)
+        # one graph per measured shape, else something recompiles; CUDA graphs that Inductor
+        # gave up (reduce-overhead; its log says why) leave launch-bound decode steps
+        row["graphs"] = counters["stats"]["unique_graphs"]
+        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
         if cuda:
             row["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
         row["frozen"] = frozen_summary(route, stats)

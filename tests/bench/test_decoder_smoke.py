@@ -33,6 +33,7 @@ def test_smoke_measures_every_variant_or_says_why(tmp_path):
         assert set(row["first_call_s"]) == shapes
         assert all(v > 0 for v in row["tokens_per_s"].values()) and len(row["tokens_per_s"]) == 2
         assert set(row["prefill_ms"]) == {str(n) for n in result["prefill"]}
+        assert row["graphs"] == len(shapes)  # one per shape: no recompile per decode position
     bf16 = rows["bf16 reduce-overhead freezing"]
     assert all(a == {"prefix": 1.0, "overall": 1.0} for a in bf16["agreement"].values())
     # every linear layer quantized: 5 per block (wqkv, wo, w1, w3, w2) and the output head
