@@ -35,7 +35,7 @@ Variants (``--variants``, comma-separated names of :data:`VARIANTS`):
   SwiGLU fused; ``int4_weight_only``: default group size), then ``torch.compile(q)``;
   ``... backend``: ``backend="fxopt"``; ``... reduce-overhead`` (not in the default list):
   ``mode="reduce-overhead"``. ``quantize_model`` takes the whole decoder too (it traces
-  the cache writes; tests/bench/test_decoder_smoke.py checks it gives the same model), but
+  the cache writes; tests/examples/test_llama_decoder.py checks it computes the same), but
   returns a GraphModule bound to the cache it saw: the bench sets a cache per batch size;
 - ``torchao int8`` / ``torchao int4``: ``Int8WeightOnlyConfig()`` /
   ``Int4WeightOnlyConfig(group_size=128)`` on every ``nn.Linear`` (the output head

@@ -17,12 +17,15 @@ path whatever the position: ``torch.compile`` compiles it once, and
 ``mode="reduce-overhead"`` replays one CUDA graph per step.
 
 Quantization with fxopt (``quantize``): ``fxopt.quant.quantize_model`` captures a module with
-``torch.fx.symbolic_trace`` and returns a GraphModule, which has only ``forward``. Each
+``torch.fx.symbolic_trace`` and returns a GraphModule. It takes this whole decoder (the
+trace records the cache writes), but the result has only ``forward`` and keeps the cache
+buffers it saw: no ``setup_cache`` for another batch size, no ``generate``. So each
 layer's linear parts are quantized on their own and swapped in (the attention's fused
 ``wqkv`` and ``wo``, the whole SwiGLU MLP, and the output head, as fxopt's defaults
-quantize every linear layer); the model keeps its methods and its cache. For int8 the MLP
-also gets fxopt's ``merge_sibling_linears`` + ``fuse_swiglu`` (gate and up as one
-quantized matmul with SiLU-and-multiply in its kernel).
+quantize every linear layer); the model keeps its methods and its cache, and computes what
+the whole-model capture computes. For int8 the MLP also gets fxopt's
+``merge_sibling_linears`` + ``fuse_swiglu`` (gate and up as one quantized matmul with
+SiLU-and-multiply in its kernel).
 """
 
 from __future__ import annotations
@@ -281,7 +284,7 @@ def main() -> None:
     decode = torch.compile(model, mode="reduce-overhead") if args.compile else None
     prompt = torch.randint(config.vocab_size, (args.batch, args.prompt_len), device=args.device)
     with torch.no_grad():
-        generate(model, prompt, 2, decode)  # warm-up (compiles)
+        generate(model, prompt, 4, decode)  # warm-up: compiles; reduce-overhead records its CUDA graph
         start = time.perf_counter()
         tokens = generate(model, prompt, args.steps, decode)
         seconds = time.perf_counter() - start
