@@ -41,11 +41,13 @@ Variants (``--variants``, comma-separated names of :data:`VARIANTS`):
   ``Int4WeightOnlyConfig(group_size=128)`` on every ``nn.Linear`` (the output head
   included, as fxopt's default does), bench/quant_serving.py's ``torchao_model``, then
   ``torch.compile(mode=--torchao-mode)``: reduce-overhead by default, as torchao's own
-  Llama generate script decodes. Where torchao does not import, the row says why. In one
-  process they run last: ``quantize_`` sets Inductor's global options.
+  Llama generate script decodes (with the Inductor options its ``quantize_`` sets, put
+  back afterwards). Where torchao does not import, the row says why.
 
 Every compile is ``dynamic=False``: one static graph per shape (4 per variant; ``graphs``
-counts Dynamo's, ``cudagraph_skips`` the graphs reduce-overhead ran without CUDA graphs). The JSON
+counts Dynamo's, ``cudagraph_skips`` the graphs reduce-overhead ran without CUDA graphs, and
+``fxopt_graphs`` whether the fxopt backend replays each graph as CUDA graphs and why not: it
+replays none that writes its inputs, and Dynamo passes the KV cache as inputs). The JSON
 (``decoder.json``) is rewritten after every variant; ``--budget-s`` skips the variants left
 once it is spent. ``--smoke``: CPU, fp32, tiny config and shapes, few steps; every compiled
 variant is traced by Dynamo with ``fullgraph=True`` and run by its eager backend (no
@@ -80,21 +82,23 @@ from gpu_zoo import frozen_summary, make_variant  # noqa: E402
 
 from examples.llama_decoder import TINY, Config, Decoder, generate, quantize  # noqa: E402
 
-#: name -> (weights: bf16 / int8 / int4 / torchao8 / torchao4, gpu_zoo variant or torchao)
+#: name -> (weights: bf16 / int8 / int4 / torchao8 / torchao4, gpu_zoo variant or torchao), in
+#: the order they run: a run cut short by --budget-s keeps the likely best bf16 modes (decode:
+#: reduce-overhead; prefill: freezing), fxopt's quantized routes and torchao's first
 VARIANTS = {
-    "bf16 default": ("bf16", "inductor"),
-    "bf16 freezing": ("bf16", "inductor_freezing"),
     "bf16 reduce-overhead": ("bf16", "reduce_overhead"),
-    "bf16 reduce-overhead freezing": ("bf16", "reduce_overhead_freezing"),
-    "fxopt bf16": ("bf16", "fxopt"),
-    "fxopt int8": ("int8", "inductor"),
+    "bf16 freezing": ("bf16", "inductor_freezing"),
     "fxopt int8 backend": ("int8", "fxopt"),
-    "fxopt int8 reduce-overhead": ("int8", "reduce_overhead"),
-    "fxopt int4": ("int4", "inductor"),
     "fxopt int4 backend": ("int4", "fxopt"),
-    "fxopt int4 reduce-overhead": ("int4", "reduce_overhead"),
     "torchao int8": ("torchao8", "torchao"),
     "torchao int4": ("torchao4", "torchao"),
+    "fxopt bf16": ("bf16", "fxopt"),
+    "bf16 reduce-overhead freezing": ("bf16", "reduce_overhead_freezing"),
+    "bf16 default": ("bf16", "inductor"),
+    "fxopt int8": ("int8", "inductor"),
+    "fxopt int4": ("int4", "inductor"),
+    "fxopt int8 reduce-overhead": ("int8", "reduce_overhead"),
+    "fxopt int4 reduce-overhead": ("int4", "reduce_overhead"),
 }
 DEFAULT = [v for v in VARIANTS if not v.endswith(("int8 reduce-overhead", "int4 reduce-overhead"))]
 
@@ -225,7 +229,8 @@ def measure(model: Decoder, fn: Callable, context: Callable, shapes: Shapes,
 # --- variants -------------------------------------------------------------------------
 
 def base_model(shapes: Shapes) -> Decoder:
-    return Decoder(shapes.config).init_weights().to(shapes.device, shapes.dtype).eval()
+    with torch.device(shapes.device):  # built and drawn where it runs: seconds less per process
+        return Decoder(shapes.config).to(shapes.dtype).init_weights().eval()
 
 
 def torchao_model(model: Decoder, bits: int, shapes: Shapes) -> tuple[Decoder | None, str]:
@@ -275,6 +280,7 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
     kind, route = VARIANTS[name]
     row: dict[str, Any] = {}
     cuda = shapes.device == "cuda"
+    inductor_config, matmul_precision = torch._inductor.config.save_config(), torch.get_float32_matmul_precision()
     try:
         torch._dynamo.reset()
         model = weights(kind, base, shapes, row)
@@ -294,6 +300,9 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
         # gave up (reduce-overhead; its log says why) leave launch-bound decode steps
         row["graphs"] = counters["stats"]["unique_graphs"]
         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
+        if "reports" in stats:  # the fxopt backend: whether each graph was replayed as CUDA graphs, and why
+            row["fxopt_graphs"] = [{"no_replay": g.no_replay, "replay": None if g.replay is None else str(g.replay),
+                                    "fallback": g.fallback} for g in stats["reports"]]
         if cuda:
             row["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
         row["frozen"] = frozen_summary(route, stats)
@@ -301,6 +310,10 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
         row["error"] = traceback.format_exc()[-4000:]
     finally:
         torch._dynamo.reset()
+        # torchao's quantize_ sets Inductor's options its way (coordinate-descent tuning, ...)
+        # and the float32 matmul precision: the next variant finds them as they were
+        torch._inductor.config.load_config(inductor_config)
+        torch.set_float32_matmul_precision(matmul_precision)
     return row
 
 
@@ -400,8 +413,6 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     shapes = Shapes(args.smoke, args)
-    if not args.fresh:  # torchao's quantize_ sets Inductor's global options: its variants last
-        names.sort(key=lambda v: VARIANTS[v][1] == "torchao")
     result: dict[str, Any] = {
         "env": environment(shapes.device), "parameters": shapes.config.parameters(), "fresh": args.fresh,
         "batches": list(shapes.batches), "prefill": list(shapes.prefill), "prompt": shapes.prompt,
