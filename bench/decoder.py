@@ -45,9 +45,11 @@ Variants (``--variants``, comma-separated names of :data:`VARIANTS`):
   back afterwards). Where torchao does not import, the row says why.
 
 Every compile is ``dynamic=False``: one static graph per shape (4 per variant; ``graphs``
-counts Dynamo's, ``cudagraph_skips`` the graphs reduce-overhead ran without CUDA graphs, and
-``fxopt_graphs`` whether the fxopt backend replays each graph as CUDA graphs and why not: it
-replays none that writes its inputs, and Dynamo passes the KV cache as inputs). The JSON
+counts Dynamo's, ``cudagraph_skips`` the graphs Inductor ran without the CUDA graphs it was
+asked for; ``fxopt_graphs``: what the fxopt backend did with each graph: ``no_replay`` why
+it launches it plainly, ``replay`` its own replay's log. A graph that writes buffers in
+place, as every call of this decoder writes its KV cache, takes the backend's route for
+state updates: Inductor's CUDA-graph trees (both fields None, skips counted above)). The JSON
 (``decoder.json``) is rewritten after every variant; ``--budget-s`` skips the variants left
 once it is spent. ``--smoke``: CPU, fp32, tiny config and shapes, few steps; every compiled
 variant is traced by Dynamo with ``fullgraph=True`` and run by its eager backend (no
