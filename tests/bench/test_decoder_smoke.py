@@ -48,3 +48,40 @@ def test_fresh_runs_each_variant_in_its_own_process(tmp_path):
     rows = smoke(tmp_path, "bf16 default", "--fresh")["variants"]
     assert "error" not in rows["bf16 default"], rows["bf16 default"].get("error")
     assert all(a["prefix"] == 1.0 for a in rows["bf16 default"]["agreement"].values())
+
+
+def bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decoder_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)  # a script: it puts the repository and bench/ on sys.path
+    finally:
+        sys.path[:] = path
+    return module
+
+
+def test_agreement_counts_positions_before_the_first_divergence():
+    import torch
+
+    reference = torch.arange(16).view(2, 8)
+    tokens = reference.clone()
+    tokens[0, 3] = -1  # row 0 diverges at step 3 and agrees again later: prefix 3/8, overall 7/8
+    assert bench_module().agreement(tokens, reference) == {"prefix": (3 / 8 + 1) / 2, "overall": 15 / 16}
+
+
+def test_speedups_are_against_the_best_bf16_mode_of_each_figure():
+    """tokens/s: the highest bf16 figure is the baseline; prefill ms: the lowest. A failed
+    bf16 mode is no baseline."""
+    rows = {
+        "bf16 default": {"tokens_per_s": {"b1": 100.0}, "prefill_ms": {"512": 10.0}},
+        "bf16 reduce-overhead": {"tokens_per_s": {"b1": 200.0}, "prefill_ms": {"512": 20.0}},
+        "bf16 freezing": {"error": "Traceback ..."},
+        "fxopt int8": {"tokens_per_s": {"b1": 300.0}, "prefill_ms": {"512": 8.0}},
+    }
+    got = bench_module().speedups(rows)
+    assert got["fxopt int8"] == {"decode_b1": 1.5, "prefill_512": 1.25}
+    assert got["bf16 default"] == {"decode_b1": 0.5, "prefill_512": 1.0}
+    assert "bf16 freezing" not in got
