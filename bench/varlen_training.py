@@ -26,7 +26,8 @@ losses of the warm-up steps, and for fxopt how many training graphs call
     python bench/varlen_training.py --variants fxopt,inductor,inductor-ro --out $OUT/vt.json
     python bench/varlen_training.py --smoke            # CPU, tiny encoder: checks the logic
 
-The JSON is rewritten after every variant; a variant that fails is a row saying why.
+The JSON is rewritten after every variant; a variant that fails is a row saying why, and one
+that would end past ``--budget-s`` is skipped (run the rest in another command).
 """
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ def main() -> None:
     parser.add_argument("--dynamic", choices=("auto", "true"), default="auto",
                         help="auto: Dynamo's automatic dynamic shapes (dynamic=None); true: dynamic=True")
     parser.add_argument("--attention-dropout", type=float, default=0.0)
+    parser.add_argument("--budget-s", type=float, default=270,
+                        help="skip a variant when it would end past this many seconds (by the mean variant so far)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny encoder: check the script's logic")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "varlen_training.json")
                         if os.environ.get("OUT") else None)
@@ -264,13 +267,20 @@ def main() -> None:
             "model": what, "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
     started = time.perf_counter()
     row: dict[str, Any] = {"model": "bert_base_mlm", "batch": args.batch, "lengths": args.lengths}
+    durations: list[float] = []
     for variant in variants:
         began = time.perf_counter()
-        try:
-            row[variant] = train_one(variant, model, vocab, args)
-        except Exception as exc:  # one broken variant must not lose the other numbers
-            row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-        row[variant]["variant_s"] = time.perf_counter() - began
+        expected = statistics.mean(durations) if durations else 0.0
+        if began - started + expected > args.budget_s:
+            row[variant] = {"error": f"skipped: {began - started:.0f}s spent, a variant takes ~{expected:.0f}s, "
+                                     f"budget {args.budget_s:.0f}s"}
+        else:
+            try:
+                row[variant] = train_one(variant, model, vocab, args)
+            except Exception as exc:  # one broken variant must not lose the other numbers
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            durations.append(time.perf_counter() - began)
+            row[variant]["variant_s"] = durations[-1]
         print(f"{variant}: {json.dumps(row[variant])}", flush=True)
         summarize(row, args.lengths)
         if args.out:
