@@ -145,7 +145,7 @@ class Block(nn.Module):
 
 def _grads(model, x, keep):
     x = x.clone().requires_grad_()
-    loss = (model(x, keep) * torch.linspace(-1, 1, x.shape[-1])).sum()
+    loss = (model(x, keep) * torch.linspace(-1, 1, x.shape[-1], device=x.device, dtype=x.dtype)).sum()
     loss.backward()
     grads = {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -255,3 +255,21 @@ def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
         for name, err in eager.items():
             assert ours[name] <= 2 * err + 1e-2, (length, name, ours[name], err)
     assert any(r.training and "torch.ops.fxopt.sdpa.default" in r.code for r in reports)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_backward():
+    """The point of the op: at run time, forward and backward are fused SDPA kernels (flash,
+    memory-efficient or cuDNN), not the math decomposition's matrix products."""
+    model = Block("padding").cuda().to(torch.bfloat16)
+    # plain launches: a replayed CUDA graph would run no ATen op for the profiler to see
+    compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False}, dynamic=True)
+    keep = torch.ones(2, 24, dtype=torch.bool, device="cuda")
+    _grads(compiled, torch.randn(2, 24, 32, device="cuda", dtype=torch.bfloat16), keep)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _grads(compiled, torch.randn(2, 40, 32, device="cuda", dtype=torch.bfloat16), keep[:, :1].expand(2, 40))
+    names = {e.key for e in prof.key_averages()}
+    fused = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_cudnn_attention")
+    assert any(n in names for n in fused), sorted(names)
+    assert any(f"{n}_backward" in names for n in fused), sorted(names)
