@@ -264,10 +264,12 @@ def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_ba
     model = Block("padding").cuda().to(torch.bfloat16)
     # plain launches: a replayed CUDA graph would run no ATen op for the profiler to see
     compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False}, dynamic=True)
-    keep = torch.ones(2, 24, dtype=torch.bool, device="cuda")
-    _grads(compiled, torch.randn(2, 24, 32, device="cuda", dtype=torch.bfloat16), keep)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        _grads(compiled, torch.randn(2, 40, 32, device="cuda", dtype=torch.bfloat16), keep[:, :1].expand(2, 40))
+    for length in (24, 40):  # the second length runs the symbolic graph compiled at the first
+        x = torch.randn(2, length, 32, device="cuda", dtype=torch.bfloat16)
+        keep = torch.rand(2, length, device="cuda") > 0.2
+        keep[:, 0] = True
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            _grads(compiled, x, keep)
     names = {e.key for e in prof.key_averages()}
     fused = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
              "aten::_scaled_dot_product_cudnn_attention")
