@@ -236,7 +236,7 @@ def _errors(got, want):
     return {n: ((g.float() - w).norm() / w.norm()).item() for n, (g, w) in pairs.items()}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
 def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
     """On CUDA the op runs the fused kernels in bf16; its gradients must be as close to an
@@ -257,7 +257,7 @@ def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
     assert any(r.training and "torch.ops.fxopt.sdpa.default" in r.code for r in reports)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_backward():
     """The point of the op: at run time, forward and backward are fused SDPA kernels (flash,
     memory-efficient or cuDNN), not the math decomposition's matrix products."""
