@@ -21,7 +21,7 @@ drops those arguments. Inductor's own
 up as Inductor constants. After the user's passes, the layout passes of
 :mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
 cores (channels-last weights, as Inductor's freezing does for the convolutions it sees,
-and RGB stems padded to 8 channels). On every inference graph, attention whose sizes are
+and RGB stems padded to 8 channels). On every graph, inference or training, attention whose sizes are
 symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.passes.attention`:
 Inductor would compile the fp32 math fallback). Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
@@ -291,8 +291,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         constant = bool(frozen) or _traced_frozen(work, training, opts)
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
-        if not training:  # Inductor cannot choose a fused attention kernel for symbolic sizes
-            passes.append(DeferSdpaChoice())
+        passes.append(DeferSdpaChoice())  # Inductor cannot choose a fused attention kernel for symbolic sizes
         report = PassManager(passes, hooks=hooks).run(work, training=training)
         report.records[:0] = freezing
         if opts.memory_budget is not None and not training:

@@ -50,7 +50,7 @@ def test_symbolic_attention_runs_sdpa_at_run_time_with_eager_results(masked):
                for r in reports)
 
 
-def test_static_sizes_dropout_and_training_keep_torch_sdpa():
+def test_static_sizes_and_dropout_keep_torch_sdpa():
     with torch.no_grad():  # static sizes: Inductor's choice is eager's
         compiled, reports = _compile(Attention().eval(), dynamic=False)
         compiled(torch.randn(2, 6, 32))
@@ -60,7 +60,7 @@ def test_static_sizes_dropout_and_training_keep_torch_sdpa():
         compiled(torch.randn(2, 6, 32))  # a random draw stays in the graph
         assert reports and not _replaced(reports)
     torch._dynamo.reset()
-    model = Attention()  # training: the op has no backward, the pass is inference-only
+    model = Attention(dropout_p=0.25)  # training: the op's backward could not draw the same mask
     compiled, reports = _compile(model, dynamic=True)
     compiled(torch.randn(2, 6, 32)).sum().backward()
     assert reports and not _replaced(reports)
@@ -112,3 +112,166 @@ def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_
     assert dense_key_axis(broadcast_heads) is broadcast_heads
     one_key = torch.rand(2, 1, 6, 1)
     assert dense_key_axis(one_key) is one_key and dense_key_axis(None) is None
+
+
+# --- training: the op's backward -------------------------------------------------------
+
+
+class Block(nn.Module):
+    """Two BERT-like layers over [batch, length, 32], 4 heads, sharing one mask: a padding
+    mask broadcast along the queries (as Hugging Face builds it), one broadcast along the keys
+    (``mask[..., None].expand``), or a learned additive bias (a float mask that needs grad)."""
+
+    def __init__(self, mask: str):
+        super().__init__()
+        self.layers = nn.ModuleList(Attention() for _ in range(2))
+        self.mask = mask
+        self.bias = nn.Parameter(torch.randn(4, 16, 16) * 0.5)
+
+    def forward(self, x, keep):
+        b, s, _ = x.shape
+        if self.mask == "padding":
+            mask = keep.view(b, 1, 1, s).expand(b, 1, s, s)
+        elif self.mask == "key broadcast":
+            mask = keep.view(b, 1, s, 1).expand(b, 1, s, s)
+        else:
+            mask = self.bias[:, :s, :s]
+        for layer in self.layers:
+            q, k, v = layer.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+            x = torch.tanh(x + layer.out(y.transpose(1, 2).reshape(b, s, 32)))
+        return x
+
+
+def _grads(model, x, keep):
+    x = x.clone().requires_grad_()
+    loss = (model(x, keep) * torch.linspace(-1, 1, x.shape[-1], device=x.device, dtype=x.dtype)).sum()
+    loss.backward()
+    grads = {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
+def test_training_with_a_symbolic_length_runs_the_op_and_its_gradients_are_eager_sdpa(mask):
+    model = Block(mask)
+    compiled, reports = _compile(model, dynamic=True)
+    for length in (5, 12, 7):
+        x = torch.randn(3, length, 32)
+        keep = torch.rand(3, length) > 0.3
+        keep[:, 0] = True  # no row without a key to attend to
+        loss, dx, grads = _grads(compiled, x, keep)
+        want_loss, want_dx, want = _grads(model, x, keep)
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dx, want_dx, rtol=1e-4, atol=1e-5)
+        assert grads.keys() == want.keys() and ("bias" in want) == (mask == "learned bias")
+        for name in want:
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+    training = [r for r in reports if r.training]
+    assert training and all(r.code.count("torch.ops.fxopt.sdpa.default") == 2 and
+                            "scaled_dot_product_attention(" not in r.code for r in training)
+    # a mask broadcast along the keys is copied dense once, for both layers
+    assert all(r.code.count(".contiguous()") == (mask == "key broadcast") for r in training)
+
+
+def test_a_mask_written_in_place_or_replaced_between_calls_is_read_anew():
+    model = Block("key broadcast").eval()
+    compiled, _ = _compile(model, dynamic=True)
+    x = torch.randn(2, 6, 32)
+    keep = torch.rand(2, 6) > 0.5
+    keep[:, 0] = True
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x, keep), model(x, keep), rtol=1e-5, atol=1e-5)
+            keep[:, 1:] = ~keep[:, 1:]  # in place: the same tensor, other values
+        other = torch.ones(2, 6, dtype=torch.bool)
+        torch.testing.assert_close(compiled(x, other), model(x, other), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_op_backward_is_sdpa_backward(case):
+    spec = CASES[case]
+    inputs = [torch.randn(spec[n], dtype=torch.double, requires_grad=True) for n in "qkv"]
+    mask = spec["mask"]() if "mask" in spec else None
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double().requires_grad_()
+        inputs.append(mask)
+    options = (0.0, spec.get("is_causal", False), spec.get("scale"), spec.get("enable_gqa", False))
+    args = (*inputs[:3], mask, *options)
+    torch.library.opcheck(torch.ops.fxopt.sdpa.default, args)
+    out = torch.ops.fxopt.sdpa(*args)
+    grad = torch.randn_like(out)
+    expected = F.scaled_dot_product_attention(*inputs[:3], attn_mask=mask, is_causal=options[1], scale=options[2],
+                                              enable_gqa=options[3])
+    for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(expected, inputs, grad),
+                         strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_op_backward_returns_the_layout_its_fake_declares():
+    q, k, v = (torch.randn(2, 7, 4, 8).transpose(1, 2).requires_grad_() for _ in range(3))  # [B, L, H, E] memory
+    mask = torch.randn(2, 1, 7, 1).expand(2, 1, 7, 7).requires_grad_()
+    args = (q, k, v, mask, 0.0, False, None, False, [True, True, True, True])
+    grads = torch.ops.fxopt.sdpa_backward(torch.randn(2, 4, 7, 8), *args)
+    with FakeTensorMode() as mode:
+        fakes = torch.ops.fxopt.sdpa_backward(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                                                for a in (torch.randn(2, 4, 7, 8), *args)))
+    assert [(g.shape, g.stride()) for g in grads] == [(f.shape, f.stride()) for f in fakes]
+    assert grads[0].stride() == q.stride() and grads[3].is_contiguous()
+
+
+def test_op_refuses_a_backward_with_dropout():
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="dropout"):
+        torch.ops.fxopt.sdpa(q, k, v, None, 0.1, False, None, False)
+    with torch.no_grad():  # no backward: nothing to refuse
+        assert torch.ops.fxopt.sdpa(q, k, v, None, 0.1, False, None, False).shape == (1, 2, 4, 8)
+
+
+def _errors(got, want):
+    """Relative L2 error of each gradient (``x`` and the parameters') in ``got`` against ``want``."""
+    (_, dx, grads), (_, want_dx, wanted) = got, want
+    pairs = {"x": (dx, want_dx), **{n: (grads[n], wanted[n]) for n in wanted}}
+    return {n: ((g.float() - w).norm() / w.norm()).item() for n, (g, w) in pairs.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
+def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
+    """On CUDA the op runs the fused kernels in bf16; its gradients must be as close to an
+    fp32 reference as eager bf16 SDPA's are (within 2x their error, plus a floor)."""
+    torch.manual_seed(0)
+    reference = Block(mask).cuda()
+    model = Block(mask).cuda().to(torch.bfloat16)
+    model.load_state_dict(reference.state_dict())
+    compiled, reports = _compile(model, dynamic=True)
+    for length in (16, 13, 9):
+        x = torch.randn(4, length, 32, device="cuda")
+        keep = torch.rand(4, length, device="cuda") > 0.3
+        keep[:, 0] = True
+        want = _grads(reference, x, keep)
+        ours, eager = (_errors(_grads(fn, x.bfloat16(), keep), want) for fn in (compiled, model))
+        for name, err in eager.items():
+            assert ours[name] <= 2 * err + 1e-2, (length, name, ours[name], err)
+    assert any(r.training and "torch.ops.fxopt.sdpa.default" in r.code for r in reports)
+
+
+@pytest.mark.gpu
+def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_backward():
+    """The point of the op: at run time, forward and backward are fused SDPA kernels (flash,
+    memory-efficient or cuDNN), not the math decomposition's matrix products."""
+    model = Block("padding").cuda().to(torch.bfloat16)
+    # plain launches: a replayed CUDA graph would run no ATen op for the profiler to see
+    compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False}, dynamic=True)
+    for length in (24, 40):  # the second length runs the symbolic graph compiled at the first
+        x = torch.randn(2, length, 32, device="cuda", dtype=torch.bfloat16)
+        keep = torch.rand(2, length, device="cuda") > 0.2
+        keep[:, 0] = True
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            _grads(compiled, x, keep)
+    names = {e.key for e in prof.key_averages()}
+    fused = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_cudnn_attention")
+    assert any(n in names for n in fused), sorted(names)
+    assert any(f"{n}_backward" in names for n in fused), sorted(names)
