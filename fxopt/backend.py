@@ -21,8 +21,8 @@ drops those arguments. Inductor's own
 up as Inductor constants. After the user's passes, the layout passes of
 :mod:`fxopt.passes.layout` prepare the half-precision CUDA convolutions for cuDNN's tensor
 cores (channels-last weights, as Inductor's freezing does for the convolutions it sees,
-and RGB stems padded to 8 channels). On every graph, inference or training, attention whose sizes are
-symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.passes.attention`:
+and RGB stems padded to 8 channels). On every inference graph (training graphs too with
+``sdpa_in_training=True``), attention whose sizes are symbolic calls ``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.passes.attention`:
 Inductor would compile the fp32 math fallback). Like Inductor's freezing, the compiled graph keeps the weight
 values it was compiled with: after changing weights, call ``torch._dynamo.reset()``.
 Training graphs are never frozen and inference-only passes are skipped on them, with a
@@ -124,6 +124,10 @@ class BackendOptions:
     #: sound, False never (``cuda_graphs=False`` turns it off too), True the same as None but a
     #: graph that cannot be replayed warns, naming the option and why
     training_cuda_graphs: bool | None = None
+    #: also rewrite symbolic-size attention in training graphs (``fxopt.sdpa``'s backward runs
+    #: the fused kernels' forward again and differentiates it); checked against eager on CPU
+    #: only, not yet run under a GPU's CUDA-graph recording, so it waits for that to be default
+    sdpa_in_training: bool = False
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None
@@ -291,7 +295,8 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         constant = bool(frozen) or _traced_frozen(work, training, opts)
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
-        passes.append(DeferSdpaChoice())  # Inductor cannot choose a fused attention kernel for symbolic sizes
+        if not training or opts.sdpa_in_training:  # Inductor cannot choose a fused kernel for symbolic sizes
+            passes.append(DeferSdpaChoice())
         report = PassManager(passes, hooks=hooks).run(work, training=training)
         report.records[:0] = freezing
         if opts.memory_budget is not None and not training:

@@ -27,9 +27,10 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, 32))
 
 
-def _compile(model, **kwargs):
+def _compile(model, training_too: bool = False, **kwargs):
     reports = []
-    return torch.compile(model, backend="fxopt", options={"reports": reports}, **kwargs), reports
+    options = {"reports": reports, "sdpa_in_training": training_too}
+    return torch.compile(model, backend="fxopt", options=options, **kwargs), reports
 
 
 def _replaced(reports):
@@ -152,10 +153,22 @@ def _grads(model, x, keep):
     return loss.detach(), x.grad, grads
 
 
+def test_by_default_training_graphs_keep_torchs_attention():
+    """Until the op's backward has run on a GPU, training graphs keep torch's call (the
+    option ``sdpa_in_training`` opts in)."""
+    model = Block("padding")
+    compiled, reports = _compile(model, dynamic=True)
+    for length in (5, 12):
+        x = torch.randn(3, length, 32)
+        _grads(compiled, x, torch.ones(3, length, dtype=torch.bool))
+    training = [r for r in reports if r.training]
+    assert training and all("torch.ops.fxopt.sdpa.default" not in r.code for r in training)
+
+
 @pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
 def test_training_with_a_symbolic_length_runs_the_op_and_its_gradients_are_eager_sdpa(mask):
     model = Block(mask)
-    compiled, reports = _compile(model, dynamic=True)
+    compiled, reports = _compile(model, training_too=True, dynamic=True)
     for length in (5, 12, 7):
         x = torch.randn(3, length, 32)
         keep = torch.rand(3, length) > 0.3
@@ -245,7 +258,7 @@ def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
     reference = Block(mask).cuda()
     model = Block(mask).cuda().to(torch.bfloat16)
     model.load_state_dict(reference.state_dict())
-    compiled, reports = _compile(model, dynamic=True)
+    compiled, reports = _compile(model, training_too=True, dynamic=True)
     for length in (16, 13, 9):
         x = torch.randn(4, length, 32, device="cuda")
         keep = torch.rand(4, length, device="cuda") > 0.3
@@ -263,7 +276,8 @@ def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_ba
     memory-efficient or cuDNN), not the math decomposition's matrix products."""
     model = Block("padding").cuda().to(torch.bfloat16)
     # plain launches: a replayed CUDA graph would run no ATen op for the profiler to see
-    compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False}, dynamic=True)
+    compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False, "sdpa_in_training": True},
+                             dynamic=True)
     for length in (24, 40):  # the second length runs the symbolic graph compiled at the first
         x = torch.randn(2, length, 32, device="cuda", dtype=torch.bfloat16)
         keep = torch.rand(2, length, device="cuda") > 0.2
