@@ -104,7 +104,7 @@ class DotBuilder:
 
     def source(self, clusters: bool = True, extra: Iterable[str] = ()) -> str:
         """The DOT text; ``extra`` lines (a legend) go in as they are."""
-        tree: dict[tuple[str, ...], list[Item]] = {}
+        tree: dict[tuple[str, ...], list[Item]] = {(): []}
         for item in self.items:
             tree.setdefault(item.path if clusters else (), []).append(item)
         for path in list(tree):  # every ancestor of a populated module is a cluster too

@@ -29,17 +29,23 @@ import torch.fx as fx
 
 from fxopt.optimize import report_of
 from fxopt.report import PassRecord, Report
+from fxopt.snapshot import GraphSnapshot
 
-from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
+from .diff import DiffItems, GraphDiff, diff_graphs, diff_to_dot, diff_view
 from .figures import Figures, asset, script
 from .graph import to_dot
 from .labels import safe_repr
 from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
 from .profile import profile_section
+from .repeats import group_diff, where_listing
 
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
+#: a focused diff that would still draw more nodes than this is drawn by kind of rewrite
+GROUP_ABOVE = 600
+#: and each example of a kind of rewrite is drawn with this many hops around it (``focus="auto"``)
+GROUP_HOPS = 1
 
 
 @dataclass
@@ -70,6 +76,7 @@ class _Page:
         self.gm, self.report, self.title = gm, report, title
         self.focus = focus
         self.figures = Figures(renderer, timeout)
+        self.built: dict[int, fx.Graph] = {}
         leaves = _changing_leaves(report)
         self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
@@ -147,7 +154,7 @@ class _Page:
                 items.append(f"<b>{html.escape(str(key))}</b> {html.escape(value)}")
             out.append('<div class="fx-meta fx-stats">' + " &nbsp; ".join(items) + "</div>")
         if r.before is not None and not r.children:
-            diff = diff_graphs(r.before, self.after_of[id(r)])
+            diff = diff_graphs(self.graph(r.before), self.graph(self.after_of[id(r)]))
             out.append(f'<div class="fx-meta fx-diff-summary">{html.escape(str(diff))}</div>')
             out.append(self.diff_figure(diff, index))
         for key, plan in plans:
@@ -155,8 +162,18 @@ class _Page:
         out.append("</section>")
         return "\n".join(out)
 
+    def graph(self, graph: GraphSnapshot | fx.GraphModule) -> fx.Graph | fx.GraphModule:
+        """A snapshot rebuilt once: the "after" of one diff is the "before" of the next."""
+        if not isinstance(graph, GraphSnapshot):
+            return graph
+        if id(graph) not in self.built:
+            self.built[id(graph)] = graph.build()
+        return self.built[id(graph)]
+
     def diff_figure(self, diff: GraphDiff, index: int) -> str:
         view = diff_view(diff, self.focus)
+        if view.hops is not None and len(view.shown) > GROUP_ABOVE:
+            return self.grouped_figure(DiffItems(diff, view), index)
         note = ""
         if view.hidden:
             note = (f'<p class="fx-note fx-collapsed-note">Unchanged regions collapsed: drawn are the '
@@ -165,6 +182,20 @@ class _Page:
                     "draws them all).</p>")
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
         return note + self.figures.figure(dot, "diff", lambda: diff_listing(diff))
+
+    def grouped_figure(self, items: DiffItems, index: int) -> str:
+        """A diff whose changes and their context are too many to draw: one example of each
+        kind of rewrite, its count, and where each happened (:mod:`.repeats`)."""
+        hops = GROUP_HOPS if self.focus == "auto" else items.view.hops
+        grouped = group_diff(items, hops, id_prefix=f"p{index}_", title=f"pass{index}")
+        kinds = len(grouped.groups)
+        note = (f'<p class="fx-note fx-grouped-note">{grouped.rewrites_count} rewrites of {kinds} '
+                f"kind{'s' if kinds != 1 else ''}: drawn is one of each kind"
+                + (f" (the first {grouped.drawn}; the others are listed)" if grouped.drawn < kinds else "")
+                + f" with {hops} hop{'s' if hops != 1 else ''} around it, and listed below is where each happened "
+                "(<code>write_report(gm, path, focus=None)</code> draws every node).</p>")
+        figure = self.figures.figure(grouped.dot, "diff", lambda: diff_listing(items.diff))
+        return note + figure + where_listing(grouped, f"pass-{index}")
 
     def table(self) -> str:
         rows = []
