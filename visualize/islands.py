@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from . import labels
 from .diff import CHANGED, REWIRED, UNCHANGED, DiffItems, DiffView, GraphDiff
 from .graph import module_path
-from .names import Shape, graph_names
+from .names import Shape, blank, graph_names
 
 
 @dataclass
@@ -121,10 +121,12 @@ class Rewrites:
         self.diff, self.view, self.node = items.diff, items.view, items.node
         self.b_nodes = items.b_nodes
         self.islands = islands(self.diff, self.view, hops, hub_degree)
-        self._text: dict[str, str] = {}
+        self._text: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._known = graph_names((self.diff.before, self.diff.after))
 
-    def describe(self, key: str) -> str:
-        """What a drawing of the node shows (its label, and what a changed node was)."""
+    def describe(self, key: str) -> tuple[str, tuple[str, ...]]:
+        """What a drawing of the node shows (its label, and what a changed node was), with
+        the names blanked out (:func:`.names.blank`)."""
         text = self._text.get(key)
         if text is None:
             node, st = self.node(key), self.view.status[key]
@@ -134,13 +136,12 @@ class Rewrites:
             if st == CHANGED:
                 old = self.b_nodes[self.diff.pairs[node.name]]
                 parts += [labels.target_text(old, self.diff.before_root), labels.args_text(old)]
-            text = self._text[key] = "\x02".join(parts)
+            text = self._text[key] = blank("\x02".join(parts), self._known)
         return text
 
     def groups(self) -> list[Group]:
         """The islands grouped by what their drawings show but for names, in order of first
         appearance."""
-        known = graph_names((self.diff.before, self.diff.after))
         edges: dict[str, list[tuple[str, str]]] = {}
         for source, user, st in self.view.edges:
             edges.setdefault(source, []).append((user, st))
@@ -148,12 +149,11 @@ class Rewrites:
         for island in self.islands:
             keys = island.keys
             index = {key: i for i, key in enumerate(keys)}
-            shape = Shape(known)
-            shape.add(str(len(island.core)))
+            shape = Shape()
             for key in keys:
                 shape.add(self.describe(key))
-            shape.add(repr(sorted((index[s], index[u], st) for s in keys for u, st in edges.get(s, ())
-                                  if u in index)))
+            shape.parts.append((len(island.core), tuple(sorted(
+                (index[s], index[u], st) for s in keys for u, st in edges.get(s, ()) if u in index))))
             groups.setdefault(shape.shape, Group([])).islands.append(island)
         return list(groups.values())
 

@@ -37,26 +37,40 @@ def graph_names(graphs: Iterable[fx.Graph], scopes: Iterable[str] = ()) -> set[s
     return names
 
 
-class Shape:
-    """Texts with their names replaced by slots: ``shape`` is comparable, ``names`` the
-    names in slot order (the first name seen is slot 0, and a repeated name keeps its slot)."""
+def blank(text: str, known: set[str]) -> tuple[str, tuple[str, ...]]:
+    """``text`` with each known name replaced by ``\\x00``, and those names in order."""
+    pieces = _SPLIT.split(text)
+    names = tuple(p for p in pieces[1::2] if p in known)
+    if not names:
+        return text, ()
+    for i in range(1, len(pieces), 2):
+        if pieces[i] in known:
+            pieces[i] = "\x00"
+    return "".join(pieces), names
 
-    def __init__(self, known: set[str]):
-        self.known = known
+
+class Shape:
+    """Texts with their names replaced by slots: ``shape`` is comparable (and hashable),
+    ``names`` the names in slot order (the first name seen is slot 0, and a repeated name
+    keeps its slot)."""
+
+    def __init__(self) -> None:
         self.names: list[str] = []
         self._slot: dict[str, int] = {}
-        self.parts: list[str] = []
+        self.parts: list[tuple[str, tuple[int, ...]]] = []
 
-    def add(self, text: str) -> None:
-        for i, piece in enumerate(_SPLIT.split(text)):
-            if i % 2 and piece in self.known:
-                slot = self._slot.setdefault(piece, len(self.names))
-                if slot == len(self.names):
-                    self.names.append(piece)
-                piece = f"\x00{slot}\x00"
-            self.parts.append(piece)
-        self.parts.append("\x01")  # texts stay apart: "a" + "b" is not "ab"
+    def add(self, blanked: tuple[str, tuple[str, ...]]) -> None:
+        """Add one text as :func:`blank` returned it."""
+        text, names = blanked
+        slots = []
+        for name in names:
+            slot = self._slot.get(name)
+            if slot is None:
+                slot = self._slot[name] = len(self.names)
+                self.names.append(name)
+            slots.append(slot)
+        self.parts.append((text, tuple(slots)))
 
     @property
-    def shape(self) -> str:
-        return "".join(self.parts)
+    def shape(self) -> tuple:
+        return tuple(self.parts)

@@ -118,6 +118,52 @@
   });
   figures.forEach(function (f) { observer.observe(f); });
 
+  // --- the final graph by module: one level at a time, a module box opens its level below ---
+  // Levels that draw the same but for names share one drawing (outline.py); a copy gets
+  // its own names written in: each name in a text (the same expression as names.py) is
+  // looked up among the names the drawing was made with, and swapped for this level's.
+  var NAME = /[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*/g;
+  function outline(root) {
+    var levels = JSON.parse(root.getAttribute("data-levels")), stack = root.querySelector(".fx-levels");
+    var drawnWith = {}; // drawing -> the level whose names it shows
+    levels.forEach(function (lv, i) { if (!(lv[0] in drawnWith)) drawnWith[lv[0]] = i; });
+    function rename(text, slots, names) {
+      return text.replace(NAME, function (m) { return slots.has(m) ? names[slots.get(m)] : m; });
+    }
+    function open(index, depth) {
+      while (stack.children.length > depth) stack.removeChild(stack.lastChild);
+      var lv = levels[index], own = levels[drawnWith[lv[0]]][1], slots = new Map();
+      own.forEach(function (name, i) { slots.set(name, i); });
+      var figure = root.querySelector('template[data-drawing="' + lv[0] + '"]').content.firstElementChild.cloneNode(true);
+      if (drawnWith[lv[0]] !== index) {
+        figure.querySelectorAll("text").forEach(function (t) { t.textContent = rename(t.textContent, slots, lv[1]); });
+      }
+      figure.querySelectorAll("g.node.fx_scope").forEach(function (g) {
+        var box = /n(\d+)$/.exec(g.id)[1];
+        g.style.cursor = "pointer";
+        g.addEventListener("click", function () {
+          figure.querySelectorAll("g.fx-open").forEach(function (o) { o.classList.remove("fx-open"); });
+          g.classList.add("fx-open");
+          open(lv[2][box], depth + 1).scrollIntoView({block: "nearest"});
+        });
+      });
+      var level = document.createElement("div");
+      level.className = "fx-level";
+      level.setAttribute("data-level", index);
+      var title = document.createElement("div");
+      title.className = "fx-level-title";
+      title.textContent = lv[3];
+      level.appendChild(title);
+      level.appendChild(figure);
+      stack.appendChild(level);
+      observer.observe(figure);
+      return level;
+    }
+    root.fxOpen = open;
+    open(0, 0);
+  }
+  document.querySelectorAll(".fx-outline").forEach(outline);
+
   // --- search: highlight every node whose name/op/target matches, pan to one at a time ---
   var box = document.getElementById("fx-search");
   var count = document.getElementById("fx-search-count");

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.fx as fx
 
+from fxopt.errors import RenderError
 from fxopt.optimize import report_of
 from fxopt.report import PassRecord, Report
 from fxopt.snapshot import GraphSnapshot
@@ -37,8 +38,10 @@ from .graph import to_dot
 from .labels import safe_repr
 from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
+from .outline import build_outline, outline_html
 from .profile import profile_section
 from .repeats import group_diff, where_listing
+from .scopes import origin_scopes, scope_tree
 
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
@@ -117,17 +120,30 @@ class _Page:
                           self.pass_section(index, depth, record, status), status, depth)
 
     def final_graph(self) -> list[Section]:
-        """The optimized graph, folded away; or, for a big graph, how to draw it."""
+        """The optimized graph: drawn whole and folded away up to FINAL_GRAPH_NODES nodes;
+        above that, by module, one level at a time (:mod:`.outline`)."""
         nodes = len(self.gm.graph.nodes)
         if nodes > FINAL_GRAPH_NODES:
-            text = (f'<p class="fx-note">The final graph has {nodes} nodes, too many to draw here; '
-                    "draw it with <code>fxopt.visualize.render(gm, 'final.svg', collapse_depth=1)</code>."
-                    "</p>")
+            text = ('<h2>final graph, by module</h2><p class="fx-note">The final graph has '
+                    f"{nodes} nodes. Drawn here is one level of modules; click a module (a blue box) "
+                    "to open it below, and a module in that to go deeper.</p>" + self.outline())
         else:
             text = ('<details id="final-graph"><summary>final graph</summary>'
                     + self.figures.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
                                  lambda: graph_listing(self.gm)) + "</details>")
         return [Section("final", "final graph", f'<section id="final">{text}</section>')]
+
+    def outline(self) -> str:
+        """The final graph by module; a line saying why when it cannot be drawn."""
+        if self.figures.missing_renderer:
+            return '<p class="fx-note">The final graph is not drawn (no renderer).</p>'
+        first = next((r.before for _, r in self.report.walk() if r.before is not None), None)
+        tree = scope_tree(self.gm.graph, origin_scopes(self.graph(first)) if first is not None else {})
+        try:
+            return outline_html(build_outline(self.gm.graph, self.gm, tree), self.figures.renderer,
+                                self.figures.timeout)
+        except RenderError as exc:
+            return f'<p class="fx-warning">The final graph could not be drawn: {html.escape(str(exc))}</p>'
 
     # --- the parts of a pass section -------------------------------------------------------
 
