@@ -66,8 +66,10 @@ class _Builder:
         key = shape.shape
         if key not in self.drawings:
             self.drawings[key] = len(self.outline.dots)
-            builder = DotBuilder("level", f"o{len(self.outline.dots)}_")
-            for item in items:
+            prefix = f"o{len(self.outline.dots)}_"
+            builder = DotBuilder("level", prefix)
+            for j, item in enumerate(items):
+                item.attrs["id"] = f"{prefix}box{j}"  # report.js finds which box was clicked
                 builder.add(item)
             for source, user in edges:
                 builder.edge(items[source].key, items[user].key)

@@ -139,7 +139,7 @@
         figure.querySelectorAll("text").forEach(function (t) { t.textContent = rename(t.textContent, slots, lv[1]); });
       }
       figure.querySelectorAll("g.node.fx_scope").forEach(function (g) {
-        var box = /n(\d+)$/.exec(g.id)[1];
+        var box = /box(\d+)$/.exec(g.id)[1];
         g.style.cursor = "pointer";
         g.addEventListener("click", function () {
           figure.querySelectorAll("g.fx-open").forEach(function (o) { o.classList.remove("fx-open"); });
