@@ -9,10 +9,12 @@ A graph that cannot be drawn (no renderer, a renderer error) is listed as a tabl
 its nodes instead (:mod:`.listing`), never dropped and never fatal; without a renderer,
 one line at the top says how to get one.
 
-Made for graphs of thousands of nodes: every drawing zooms and pans, a search box
-finds nodes by name or op, a diff of a large graph draws only the changes and their
-neighbourhood (``focus``), and a sidebar lists the passes with prev/next-change
-buttons. The page is a list of :class:`Section` s, one method of :class:`_Page` each:
+Made for graphs of tens of thousands of nodes: every drawing zooms and pans, a search
+box finds nodes by name or op, a diff of a large graph draws only the changes and their
+neighbourhood (``focus``) or, when that is still too much, one example of each kind of
+rewrite and where each happened (:mod:`.repeats`), the final graph of a large graph opens
+module by module (:mod:`.outline`), and a sidebar lists the passes with prev/next-change
+buttons. Graphviz never gets more than a few hundred nodes at once. The page is a list of :class:`Section` s, one method of :class:`_Page` each:
 a new kind of section is one more method and one more line in :meth:`_Page.sections`.
 """
 
