@@ -145,7 +145,7 @@ class Rewrites:
         edges: dict[str, list[tuple[str, str]]] = {}
         for source, user, st in self.view.edges:
             edges.setdefault(source, []).append((user, st))
-        groups: dict[str, Group] = {}
+        groups: dict[tuple, Group] = {}
         for island in self.islands:
             keys = island.keys
             index = {key: i for i, key in enumerate(keys)}
@@ -158,6 +158,8 @@ class Rewrites:
         return list(groups.values())
 
     def where(self, island: Island) -> str:
-        """Where a rewrite happened: the module of its first changed node, and its changed nodes."""
-        scope = ".".join(module_path(self.node(island.core[0]))) or "(top level)"
+        """Where a rewrite happened: the module of its first changed node that has one (a
+        node a pass made may have none), and its changed nodes."""
+        paths = (module_path(self.node(key)) for key in island.core)
+        scope = ".".join(next((p for p in paths if p), ())) or "(top level)"
         return f"{scope}: " + ", ".join(key[2:] for key in island.core)

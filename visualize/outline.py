@@ -46,6 +46,8 @@ class Outline:
 
     levels: list[Level] = field(default_factory=list)
     dots: list[str] = field(default_factory=list)
+    #: the level whose names each drawing was laid out with
+    drawn_with: list[int] = field(default_factory=list)
 
 
 class _Builder:
@@ -54,6 +56,7 @@ class _Builder:
         self.known = graph_names([graph], _scope_names(top))
         self.outline = Outline()
         self.drawings: dict[tuple, int] = {}
+        self.widths: list[int] = []  # the length of the names each drawing was laid out with
 
     def level(self, scope: Scope) -> int:
         """Add the level of ``scope`` and, depth first, those of its boxes; its index."""
@@ -64,19 +67,19 @@ class _Builder:
             shape.parts.append((item.attrs["class"], ()))
         shape.parts.append(("edges", tuple(edges)))
         key = shape.shape
-        if key not in self.drawings:
-            self.drawings[key] = len(self.outline.dots)
-            prefix = f"o{len(self.outline.dots)}_"
-            builder = DotBuilder("level", prefix)
-            for j, item in enumerate(items):
-                item.attrs["id"] = f"{prefix}box{j}"  # report.js finds which box was clicked
-                builder.add(item)
-            for source, user in edges:
-                builder.edge(items[source].key, items[user].key)
-            self.outline.dots.append(builder.source(clusters=False))
         index = len(self.outline.levels)
-        self.outline.levels.append(Level(f"{scope.name} ({scope.size} nodes)", self.drawings[key],
-                                          shape.names))
+        drawing = self.drawings.setdefault(key, len(self.outline.dots))
+        width = sum(map(len, shape.names))
+        if drawing == len(self.outline.dots):
+            self.outline.dots.append(_dot(items, edges, f"o{drawing}_"))
+            self.outline.drawn_with.append(index)
+            self.widths.append(width)
+        elif width > self.widths[drawing]:
+            # a shared drawing is laid out with its longest names (block 2047's, not
+            # block 0's): its boxes must be wide enough for any level's names written in
+            self.outline.dots[drawing] = _dot(items, edges, f"o{drawing}_")
+            self.outline.drawn_with[drawing], self.widths[drawing] = index, width
+        self.outline.levels.append(Level(f"{scope.name} ({scope.size} nodes)", drawing, shape.names))
         for j, entry in enumerate(scope.entries):
             if isinstance(entry, Scope):
                 self.outline.levels[index].opens[j] = self.level(entry)
@@ -111,6 +114,16 @@ class _Builder:
         # different places in block 9 and block 10. No tooltip: a shared drawing would show
         # the first block's arguments in every block's tooltip.
         return Item(f"i{j}", labels.table(labels.node_rows(node, self.root, show_args=False)), (), attrs)
+
+
+def _dot(items: list[Item], edges: list[tuple[int, int]], prefix: str) -> str:
+    builder = DotBuilder("level", prefix)
+    for j, item in enumerate(items):
+        item.attrs["id"] = f"{prefix}box{j}"  # report.js finds which box was clicked
+        builder.add(item)
+    for source, user in edges:
+        builder.edge(items[source].key, items[user].key)
+    return builder.source(clusters=False)
 
 
 def _scope_item(j: int, scope: Scope) -> Item:
@@ -149,6 +162,7 @@ def outline_html(outline: Outline, renderer: object, timeout: float | None) -> s
     if len(svgs) != len(outline.dots):
         raise RuntimeError(f"expected {len(outline.dots)} drawings from one Graphviz run, got {len(svgs)}")
     levels = [[lv.drawing, lv.names, lv.opens, lv.title] for lv in outline.levels]
+    data = {"levels": levels, "drawnWith": outline.drawn_with}
     templates = "".join(f'<template data-drawing="{i}">{zoomable(svg)}</template>' for i, svg in enumerate(svgs))
-    return (f'<div class="fx-outline" data-levels="{html.escape(json.dumps(levels, separators=(",", ":")))}">'
+    return (f'<div class="fx-outline" data-outline="{html.escape(json.dumps(data, separators=(",", ":")))}">'
             f'{templates}<div class="fx-levels"></div></div>')

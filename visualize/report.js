@@ -124,9 +124,8 @@
   // looked up among the names the drawing was made with, and swapped for this level's.
   var NAME = /[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*/g;
   function outline(root) {
-    var levels = JSON.parse(root.getAttribute("data-levels")), stack = root.querySelector(".fx-levels");
-    var drawnWith = {}; // drawing -> the level whose names it shows
-    levels.forEach(function (lv, i) { if (!(lv[0] in drawnWith)) drawnWith[lv[0]] = i; });
+    var data = JSON.parse(root.getAttribute("data-outline")), stack = root.querySelector(".fx-levels");
+    var levels = data.levels, drawnWith = data.drawnWith; // drawing -> the level whose names it shows
     function rename(text, slots, names) {
       return text.replace(NAME, function (m) { return slots.has(m) ? names[slots.get(m)] : m; });
     }
