@@ -48,7 +48,7 @@ from .scopes import origin_scopes, scope_tree
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
 #: a focused diff that would still draw more nodes than this is drawn by kind of rewrite
-GROUP_ABOVE = 600
+GROUP_ABOVE = 1000
 #: and each example of a kind of rewrite is drawn with this many hops around it (``focus="auto"``)
 GROUP_HOPS = 1
 
