@@ -19,8 +19,9 @@ from collections.abc import Iterable
 
 import torch.fx as fx
 
-#: an identifier, or a dotted path of them (``blocks.5.lin``); the same expression is in report.js
-NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
+#: a dotted path of words (``blocks.5.lin``, and ``0.lin``: the children of a Sequential are
+#: numbers); the same expression is in report.js
+NAME_PATTERN = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*"
 _SPLIT = re.compile(f"({NAME_PATTERN})")
 
 

@@ -122,7 +122,7 @@
   // Levels that draw the same but for names share one drawing (outline.py); a copy gets
   // its own names written in: each name in a text (the same expression as names.py) is
   // looked up among the names the drawing was made with, and swapped for this level's.
-  var NAME = /[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*/g;
+  var NAME = /[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*/g;
   function outline(root) {
     var data = JSON.parse(root.getAttribute("data-outline")), stack = root.querySelector(".fx-levels");
     var levels = data.levels, drawnWith = data.drawnWith; // drawing -> the level whose names it shows

@@ -69,6 +69,9 @@ def test_shapes_differ_by_more_than_names_only_when_the_text_does() -> None:
     assert shape("relu_5 = blocks.5.act(x)") != shape("relu_5 = blocks.5.gelu(x)")  # not a name
     assert shape("relu_5(relu_5)") != shape("relu_5(relu_6)")  # the same name twice is one slot
     assert shape("a", "b") != shape("ab")
+    # a Sequential's children are numbers: "0.lin" is a name like "blocks.0.lin"
+    numbered = {"0.lin", "1.lin"}
+    assert blank("0.lin (Linear)", numbered)[1] == ("0.lin",)
 
 
 def every_node(scope: Scope) -> list[fx.Node]:
