@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+
+from fxopt.errors import RenderError
 
 from . import labels
 from .figures import zoomable
@@ -155,12 +158,12 @@ def build_outline(graph: fx.Graph, root: torch.nn.Module | None, top: Scope) -> 
     return builder.outline
 
 
-def outline_html(outline: Outline, renderer: object, timeout: float | None) -> str:
+def outline_html(outline: Outline, renderer: str | os.PathLike | None, timeout: float | None) -> str:
     """The view's element: each distinct drawing (one Graphviz run for all) in a
     ``<template>``, the levels as JSON; ``report.js`` opens the top level."""
     svgs = _SVG.findall(run_renderer("\n".join(outline.dots), "svg", renderer, timeout).decode("utf-8"))
     if len(svgs) != len(outline.dots):
-        raise RuntimeError(f"expected {len(outline.dots)} drawings from one Graphviz run, got {len(svgs)}")
+        raise RenderError(f"expected {len(outline.dots)} drawings from one Graphviz run, got {len(svgs)}")
     levels = [[lv.drawing, lv.names, lv.opens, lv.title] for lv in outline.levels]
     data = {"levels": levels, "drawnWith": outline.drawn_with}
     templates = "".join(f'<template data-drawing="{i}">{zoomable(svg)}</template>' for i, svg in enumerate(svgs))
