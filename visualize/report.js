@@ -158,7 +158,20 @@
       observer.observe(figure);
       return level;
     }
-    root.fxOpen = open;
+    // search reaches into levels not open yet: open the path down to the first level
+    // (in graph order: a node's own block before the blocks that read it) drawing that name
+    var parent = {};
+    levels.forEach(function (lv, i) { Object.keys(lv[2]).forEach(function (b) { parent[lv[2][b]] = i; }); });
+    root.fxReveal = function (name) {
+      for (var i = 0; i < levels.length; i++) {
+        if (levels[i][1].indexOf(name) < 0) continue;
+        var path = [];
+        for (var at = i; at !== undefined; at = parent[at]) path.unshift(at);
+        path.forEach(function (index, depth) { open(index, depth); });
+        return true;
+      }
+      return false;
+    };
     open(0, 0);
   }
   document.querySelectorAll(".fx-outline").forEach(outline);
@@ -174,10 +187,19 @@
     if (out[1] === "placeholder" || out[1] === "output") out.length = 2; // line 3: not a target
     return out;
   }
-  function search(query) {
+  function drawn(q) { // whether a drawn node's name, op or target contains q
+    return [].some.call(document.querySelectorAll(".fx-zoom g.node:not(.fx_legend)"), function (n) {
+      return words(n).some(function (x) { return x.indexOf(q) >= 0; });
+    });
+  }
+  function search(query, revealed) {
     matches.forEach(function (n) { n.classList.remove("fx-match", "fx-current"); });
     matches = []; current = -1;
     var q = query.trim().toLowerCase();
+    if (q && !revealed && !drawn(q)) { // a node of a module not open: open it, then look again
+      var opened = [].some.call(document.querySelectorAll(".fx-outline"), function (o) { return o.fxReveal(query.trim()); });
+      if (opened) return search(query, true);
+    }
     if (q) {
       var exact = [], partial = [];
       document.querySelectorAll(".fx-zoom g.node:not(.fx_legend)").forEach(function (n) {

@@ -163,6 +163,14 @@ def test_report_of_10k_nodes_draws_every_diff_and_opens_by_module(
     assert not {t for t in others if re.fullmatch(r"(linear|add)_relu_\d+|blocks\.\d+.*", t)}, others
     seen = open_box(page, lambda lines: lines[0] == "blocks.1234.lin")
     assert {"blocks_1234_lin_weight", "blocks_1234_lin_bias"} <= set(seen)
+    # search finds a node of a block no level shows yet: it opens the levels down to it
+    page.locator(".fx-level").first.locator("g.node.fx_scope").first.dispatch_event("click")
+    assert page.evaluate("q => fxReport.search(q)", "linear_relu_1500") == 1
+    wait_frames(page)
+    current = page.locator("g.node.fx-current")
+    assert current.locator("text").first.text_content().strip() == "linear_relu_1500"
+    level = current.locator("xpath=ancestor::div[contains(@class, 'fx-level')]")
+    assert level.locator(".fx-level-title").text_content().startswith("blocks.1500 ")
     # a module of an earlier level opens in place of what was open below it
     page.locator(".fx-level").first.locator("g.node.fx_scope").first.dispatch_event("click")
     wait_frames(page)
