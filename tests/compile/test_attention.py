@@ -163,3 +163,22 @@ def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_
     assert dense_key_axis(broadcast_heads) is broadcast_heads
     one_key = torch.rand(2, 1, 6, 1)
     assert dense_key_axis(one_key) is one_key and dense_key_axis(None) is None
+
+
+def test_an_output_already_in_the_fixed_layout_is_returned_without_a_copy(monkeypatch):
+    """SDPA's own output is returned where its strides are the fixed layout's (3-d inputs:
+    contiguous), and only there (4-d: a copy where the CPU kernel wrote [B, H, L, E] memory,
+    as torch 2.13's does)."""
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(sdpa(*args, **kwargs))
+        return made[-1]
+
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(3, 6, 8), torch.randn(3, 10, 8), torch.randn(3, 10, 4)
+    assert torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False) is made[-1]
+    q, k, v = (torch.randn(2, 4, n, 8) for n in (9, 11, 11))
+    out = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
+    assert (out is made[-1]) == (_strides(made[-1]) == _strides(out)) and torch.equal(out, made[-1])
