@@ -92,8 +92,59 @@ def test_op_matches_sdpa_and_its_fake_declares_the_real_layout(case):
     with FakeTensorMode() as mode:
         fake = torch.ops.fxopt.sdpa(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     assert fake.shape == out.shape and fake.dtype == out.dtype
-    assert [s for n, s in zip(out.shape, out.stride()) if n > 1] == \
-        [s for n, s in zip(fake.shape, fake.stride()) if n > 1]
+    assert _strides(fake) == _strides(out)
+    if q.dim() == 3:  # no fused kernel takes 3-d inputs: SDPA's math path, on every device
+        assert _strides(fake) == _strides(expected)
+
+
+def _strides(t):
+    """Strides of the dimensions longer than 1 (a size-1 dimension's stride addresses nothing)."""
+    return [s for n, s in zip(t.shape, t.stride()) if n > 1]
+
+
+#: (q, k, v) [B, H, L, E] shapes where every fused CUDA kernel applies
+FUSED = [((2, 4, 9, 16), (2, 4, 11, 16), (2, 4, 11, 16)), ((1, 2, 7, 8), (1, 2, 7, 8), (1, 2, 7, 8))]
+
+
+def _as_projections(shape, make):
+    """A [B, H, L, E] tensor laid out as a transformer's projections make it: a view of
+    [B, L, H, E] memory."""
+    b, h, length, e = shape
+    return make((b, length, h, e)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shapes", FUSED)
+def test_the_fixed_layout_is_what_the_fused_cuda_kernels_declare(shapes):
+    """The op's fake strides against torch's own declarations (meta kernels) of what flash,
+    memory-efficient and cuDNN attention write on CUDA, for projection-laid inputs; runs on a
+    CPU (fake CUDA tensors: nothing is launched). A wrong fixed layout costs a copy per call."""
+    mode = FakeTensorMode()
+
+    def fake_cuda(shape):
+        meta = torch.empty(shape, dtype=torch.float16, device="meta")
+        return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cuda", 0))
+
+    with mode:
+        q, k, v = (_as_projections(shape, fake_cuda) for shape in shapes)
+        ours = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
+        kernels = {"flash": torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0],
+                   "efficient": torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False)[0],
+                   "cudnn": torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False)[0]}
+    for name, out in kernels.items():
+        assert _strides(ours) == _strides(out), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shapes", FUSED)
+def test_the_fixed_layout_is_what_sdpa_writes_on_cuda(shapes):
+    """The same against the kernels themselves: SDPA's output on the GPU, half precision,
+    projection-laid inputs, is returned as it is (no copy)."""
+    q, k, v = (_as_projections(shape, lambda s: torch.randn(s, device="cuda", dtype=torch.float16))
+               for shape in shapes)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fxopt.sdpa(*(mode.from_tensor(t) for t in (q, k, v)), None, 0.0, False, None, False)
+    assert _strides(fake) == _strides(expected)
 
 
 def test_graph_without_recorded_values_is_left_alone():
@@ -289,3 +340,22 @@ def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_ba
              "aten::_scaled_dot_product_cudnn_attention")
     assert any(n in names for n in fused), sorted(names)
     assert any(f"{n}_backward" in names for n in fused), sorted(names)
+
+
+def test_an_output_already_in_the_fixed_layout_is_returned_without_a_copy(monkeypatch):
+    """SDPA's own output is returned where its strides are the fixed layout's (3-d inputs:
+    contiguous), and only there (4-d: a copy where the CPU kernel wrote [B, H, L, E] memory,
+    as torch 2.13's does)."""
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(sdpa(*args, **kwargs))
+        return made[-1]
+
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(3, 6, 8), torch.randn(3, 10, 8), torch.randn(3, 10, 4)
+    assert torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False) is made[-1]
+    q, k, v = (torch.randn(2, 4, n, 8) for n in (9, 11, 11))
+    out = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
+    assert (out is made[-1]) == (_strides(made[-1]) == _strides(out)) and torch.equal(out, made[-1])

@@ -1,7 +1,7 @@
 """The Triton int8 GEMM of the dynamic route, run by Triton's interpreter on CPU tensors.
 
-Skipped where triton is not installed (CI's CPU torch has none) or its interpreter cannot
-run (numpy >= 2.3); the GPU benchmark checks the kernel on the hardware before timing it.
+Run in a child process by tests/test_triton_interpreter.py (see tests/triton_interpreter.py),
+wherever triton is installed; the GPU benchmark checks the kernel on the hardware before timing it.
 Each case forces one block configuration (the autotuner times on a GPU) and covers edges:
 M, N and K that are not multiples of the blocks, bias or none, every output dtype.
 """
