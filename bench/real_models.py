@@ -17,7 +17,7 @@ and the model's buffers afterwards (running statistics in training mode). Outcom
 Usage::
 
     python bench/real_models.py [--models resnet18,bert] [--paths symbolic_trace,export]
-                                [--json bench/real_models.json] [--train]
+                                [--json bench/results/cpu/real_models.json] [--train]
 
 The torchvision wheel on PyPI is built for CUDA; on a CPU-only torch its C extension
 (detection ops) does not load. The models used here need none of those ops, so the
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--train", action="store_true", help="also run each model in training mode")
-    parser.add_argument("--json", default="bench/real_models.json")
+    parser.add_argument("--json", default="bench/results/cpu/real_models.json")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     if importlib.util.find_spec("torchvision"):  # timm and transformers import it lazily
