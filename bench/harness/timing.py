@@ -18,9 +18,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def median(samples: Sequence[float]) -> float:
@@ -57,16 +60,18 @@ def call_ms(fn: Callable[[], Any], device: str, graph: bool = False, warmup: int
     return median(times)
 
 
-def loop_ms(fn: Callable[[], Any], device: str, iters: int = 20, reps: int = 5, warmup: int = 3) -> float:
+def loop_ms(fn: Callable[[], Any], device: str, iters: int = 20, reps: int = 5, warmup: int = 3,
+            host: bool = False) -> float:
     """Median over ``reps`` of the ms per call of ``iters`` calls back to back (host launch
     cost included: a call the CPU cannot issue as fast as the GPU runs it shows here).
-    CUDA events around the loop on a GPU, the wall clock on a CPU."""
+    CUDA events around the loop on a GPU, the wall clock on a CPU; ``host``: the wall clock
+    stopped before the device finishes, i.e. the CPU's cost of issuing the calls."""
     cuda = torch.device(device).type == "cuda"
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(reps):
-        if cuda:
+        if cuda and not host:
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -76,10 +81,12 @@ def loop_ms(fn: Callable[[], Any], device: str, iters: int = 20, reps: int = 5, 
             torch.cuda.synchronize()
             samples.append(start.elapsed_time(end) / iters)
         else:
+            sync(device)
             began = time.perf_counter()
             for _ in range(iters):
                 fn()
             samples.append((time.perf_counter() - began) * 1e3 / iters)
+            sync(device)
     return median(samples)
 
 
@@ -96,14 +103,13 @@ def host_ms(fn: Callable[[], Any], device: str, reps: int = 15) -> float:
     return median(times)
 
 
-def alternate(variants: Mapping[str, Callable[[], Any]], rounds: int,
-              measure: Callable[[Callable[[], Any]], float],
-              on_error: Callable[[str, BaseException], None] | None = None) -> dict[str, list[float]]:
-    """``measure(fn)`` of every variant, round after round (A B C, A B C, ...): each variant's
-    samples, sorted. A variant that raises leaves the race (``on_error`` hears why; without
+def alternate(variants: Mapping[K, V], rounds: int, measure: Callable[[V], float],
+              on_error: Callable[[K, BaseException], None] | None = None) -> dict[K, list[float]]:
+    """``measure(value)`` of every variant, round after round (A B C, A B C, ...): each
+    variant's samples, sorted. A value is what ``measure`` takes: a callable, or a name. A variant that raises leaves the race (``on_error`` hears why; without
     it the error propagates)."""
     live = dict(variants)
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples: dict[K, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in list(live.items()):
             try:
