@@ -7,7 +7,7 @@ re-implement lives here, so two benches time, compare and record the same way:
   and ``device_for(args)`` (``--smoke`` always runs on the CPU, tiny shapes, a few seconds).
 - :mod:`harness.timing` — ``call_ms`` (median ms of one call: CUDA events on a GPU, the wall
   clock on a CPU; ``graph=True`` times CUDA-graph replays), ``loop_ms`` (calls back to back,
-  launch cost included), ``host_ms`` (the CPU's cost of one call on an idle GPU), ``alternate``
+  launch cost included), ``wall_ms`` (a synchronized call, host and device), ``host_ms`` (the CPU's cost of one call on an idle GPU), ``alternate``
   (interleaved rounds, so that a drift of the machine hits every variant alike) and
   ``fresh_process`` (one variant in a process of its own, its result read back as JSON).
 - :mod:`harness.baselines` — every Inductor mode a user could pick (``INDUCTOR_MODES``:
@@ -59,8 +59,17 @@ from harness.baselines import (
 from harness.env import environment, slug
 from harness.memory import DeviceMemory
 from harness.records import Record, markdown_table, results_dir
-from harness.timing import alternate, call_ms, fresh_process, host_ms, loop_ms, median, sync
+from harness.timing import (
+    alternate,
+    call_ms,
+    fresh_process,
+    host_ms,
+    loop_ms,
+    median,
+    sync,
+    wall_ms,
+)
 
 __all__ = ["INDUCTOR_MODES", "MUST_FREEZE", "SELF_GRAPHED", "DeviceMemory", "Record", "alternate", "call_ms", "cli",
            "environment", "fresh_process", "frozen_summary", "host_ms", "inductor_variant", "loop_ms",
-           "markdown_table", "median", "not_frozen", "observed_inductor", "results_dir", "slug", "sync"]
+           "markdown_table", "median", "not_frozen", "observed_inductor", "results_dir", "slug", "sync", "wall_ms"]

@@ -28,7 +28,8 @@ def results_dir(device_name: str, gpus: int = 1) -> Path:
 
 class Record:
     """The run of bench ``name``: ``meta`` (environment, arguments), ``rows``, written to
-    ``args.out`` or ``bench/results/<gpu>/<name>.json`` (``<name>_smoke.json`` under ``--smoke``)."""
+    ``args.out`` (a file, or a folder to put ``<name>.json`` in) or to
+    ``bench/results/<gpu>/<name>.json`` (``<name>_smoke.json`` under ``--smoke``)."""
 
     def __init__(self, name: str, args: argparse.Namespace | None, device: str, gpus: int = 1,
                  **meta: Any):
@@ -40,8 +41,10 @@ class Record:
             self.meta["gpus_used"] = gpus
         out = getattr(args, "out", None)
         smoke = bool(getattr(args, "smoke", False))
-        self.path = Path(out) if out else results_dir(self.meta["device"], gpus) / (
-            f"{name}_smoke.json" if smoke else f"{name}.json")
+        default = f"{name}_smoke.json" if smoke else f"{name}.json"
+        # --out names the file; a folder (as some benches once took) gets the default name in it
+        self.path = (Path(out) / default if Path(out).is_dir() else Path(out)) if out else \
+            results_dir(self.meta["device"], gpus) / default
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 

@@ -90,6 +90,21 @@ def loop_ms(fn: Callable[[], Any], device: str, iters: int = 20, reps: int = 5, 
     return median(samples)
 
 
+def wall_ms(fn: Callable[[], Any], device: str, reps: int = 20, warmup: int = 3) -> float:
+    """Median ms of one call from start to the device's end (synchronized wall clock): what
+    a caller waits, host and device together; the figure a per-node profile should add up to."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return median(times)
+
+
 def host_ms(fn: Callable[[], Any], device: str, reps: int = 15) -> float:
     """Median host ms of one call started on an idle device: the CPU's cost of launching it
     (Python, guards, dispatch, launches), which plain launches pay when it exceeds the GPU's work."""
