@@ -119,14 +119,17 @@ def host_ms(fn: Callable[[], Any], device: str, reps: int = 15) -> float:
 
 
 def alternate(variants: Mapping[K, V], rounds: int, measure: Callable[[V], float],
-              on_error: Callable[[K, BaseException], None] | None = None) -> dict[K, list[float]]:
-    """``measure(value)`` of every variant, round after round (A B C, A B C, ...): each
-    variant's samples, sorted. A value is what ``measure`` takes: a callable, or a name. A variant that raises leaves the race (``on_error`` hears why; without
+              on_error: Callable[[K, BaseException], None] | None = None,
+              reverse_odd: bool = False) -> dict[K, list[float]]:
+    """``measure(value)`` of every variant, round after round (A B C, A B C, ...; with
+    ``reverse_odd`` A B C, C B A, ..., so that no variant always runs right after another):
+    each variant's samples, sorted. A value is what ``measure`` takes: a callable, or a name. A variant that raises leaves the race (``on_error`` hears why; without
     it the error propagates)."""
     live = dict(variants)
     samples: dict[K, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in list(live.items()):
+    for r in range(rounds):
+        order = list(live.items())
+        for name, fn in (order[::-1] if reverse_odd and r % 2 else order):
             try:
                 samples[name].append(measure(fn))
             except Exception as exc:
