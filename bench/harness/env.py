@@ -23,10 +23,24 @@ def commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def gpu_name() -> str:
+    """The GPU's name. A process that has not touched CUDA asks ``nvidia-smi``: a parent that
+    only starts worker processes keeps the GPU free of a context (and its memory) of its own."""
+    if not torch.cuda.is_initialized():
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30)
+            if done.returncode == 0 and done.stdout.strip():
+                return done.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return torch.cuda.get_device_name()
+
+
 def environment(device: str) -> dict[str, Any]:
     """GPU name (``cpu`` off the GPU), torch, triton and cuDNN versions, commit, CPU and cores."""
     record: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        "device": gpu_name() if device.startswith("cuda") else "cpu",
         "torch": torch.__version__, "python": platform.python_version(), "commit": commit(),
         "cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
     }

@@ -14,26 +14,34 @@ import torch
 
 
 class DeviceMemory:
-    """``with DeviceMemory(device) as mem: ...`` then ``mem.record()``: MB of the reservation
-    before, and of the peak reserved and allocated during the block (empty off the GPU)."""
+    """``with DeviceMemory(device) as mem: ...`` then ``mem.record()`` (or ``mem = DeviceMemory(device).start()``
+    ... ``mem.stop()``, where the span crosses other blocks): MB of the reservation before, and
+    of the peak reserved and allocated during the span (empty off the GPU)."""
 
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.figures: dict[str, float] = {}
 
-    def __enter__(self) -> DeviceMemory:
+    def start(self) -> DeviceMemory:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.figures["base_reserved_MB"] = torch.cuda.memory_reserved(self.device) / 1e6
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def stop(self) -> dict[str, float]:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             self.figures["peak_reserved_MB"] = torch.cuda.max_memory_reserved(self.device) / 1e6
             self.figures["peak_allocated_MB"] = torch.cuda.max_memory_allocated(self.device) / 1e6
+        return self.record()
+
+    def __enter__(self) -> DeviceMemory:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
 
     def record(self) -> dict[str, float]:
         return dict(self.figures)
