@@ -25,24 +25,20 @@ import copy
 import csv
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.fx as fx
+from harness import Record, cli, markdown_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness import Record, cli, markdown_table  # noqa: E402
-
-import fxopt  # noqa: E402
-from fxopt.memory.executor import ArenaRunner  # noqa: E402
-from fxopt.memory.measure import cpu_peak, cuda_peak  # noqa: E402
-from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
-from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
-from fxopt.models import ZOO, example_inputs  # noqa: E402
-from fxopt.progress import progress  # noqa: E402
+import fxopt
+from fxopt.memory.executor import ArenaRunner
+from fxopt.memory.measure import cpu_peak, cuda_peak
+from fxopt.memory.problem import Buffer, lower_bound, verify_placement
+from fxopt.memory.solver import _orders, greedy, solve
+from fxopt.models import ZOO, example_inputs
+from fxopt.progress import progress
 
 MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
 
