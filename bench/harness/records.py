@@ -41,10 +41,12 @@ class Record:
             self.meta["gpus_used"] = gpus
         out = getattr(args, "out", None)
         smoke = bool(getattr(args, "smoke", False))
-        default = f"{name}_smoke.json" if smoke else f"{name}.json"
-        # --out names the file; a folder (as some benches once took) gets the default name in it
-        self.path = (Path(out) / default if Path(out).is_dir() else Path(out)) if out else \
-            results_dir(self.meta["device"], gpus) / default
+        # --out names the file; a folder (as some benches once took) gets <name>.json; the
+        # results folder keeps a smoke run apart from a real one
+        if out:
+            self.path = Path(out) / f"{name}.json" if Path(out).is_dir() else Path(out)
+        else:
+            self.path = results_dir(self.meta["device"], gpus) / (f"{name}_smoke.json" if smoke else f"{name}.json")
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 
