@@ -134,7 +134,7 @@ def test_the_fixed_layout_is_what_the_fused_cuda_kernels_declare(shapes):
         assert _strides(ours) == _strides(out), name
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("shapes", FUSED)
 def test_the_fixed_layout_is_what_sdpa_writes_on_cuda(shapes):
     """The same against the kernels themselves: SDPA's output on the GPU, half precision,
