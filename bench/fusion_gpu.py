@@ -10,21 +10,20 @@
    Inductor and kept whole as cuDNN calls (fxopt's default on CUDA).
 
 All variants of a model run in one process, side by side; times are medians of CUDA-event
-timed loops. Results go to ``$OUT/fusion_gpu.json`` (written after every measurement, so
-a timeout keeps what was done) and a table is printed last.
+timed loops (the harness's ``loop_ms``), and the freezing baseline is checked frozen. Results
+go to ``--out`` (default ``bench/results/<gpu>/fusion_gpu.json``; written after every
+measurement, so a timeout keeps what was done) and a table is printed last.
 
     python bench/fusion_gpu.py                       # on the GPU machine
-    python bench/fusion_gpu.py --device cpu --small  # checks the logic on CPU, tiny shapes
+    python bench/fusion_gpu.py --smoke               # checks the logic on CPU, tiny shapes (CI)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import os
-import platform
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -33,36 +32,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from harness import Record, cli, frozen_summary, inductor_variant, loop_ms, not_frozen
 
 import fxopt
 from fxopt.compile import fused_ops
-
-
-def timer(device: str, iters: int, reps: int) -> Callable[[Callable[[], Any]], float]:
-    """Median milliseconds per call of ``fn`` (after warm-up)."""
-
-    def measure(fn: Callable[[], Any]) -> float:
-        for _ in range(3):
-            fn()
-        samples = []
-        for _ in range(reps):
-            if device == "cuda":
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(iters):
-                    fn()
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(start.elapsed_time(end) / iters)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                samples.append((time.perf_counter() - t0) * 1e3 / iters)
-        return statistics.median(samples)
-
-    return measure
 
 
 def randomize_bn(model: nn.Module) -> nn.Module:
@@ -75,31 +48,28 @@ def randomize_bn(model: nn.Module) -> nn.Module:
     return model
 
 
-def models(small: bool) -> dict[str, Callable[[], nn.Module]]:
+def models(smoke: bool) -> dict[str, Callable[[], nn.Module]]:
+    """torchvision's models; under ``--smoke`` fxopt's demo net (convs, BN, residual ReLU):
+    one model whose four Inductor compiles take seconds on a CPU."""
+    if smoke:
+        from fxopt.models import demo_model
+        return {"demo(zoo)": lambda: demo_model()[0]}
     try:
         import torchvision.models as tvm
     except ImportError:  # the CPU check without torchvision: fxopt's own zoo
         from fxopt.models import mobilenet_v2, resnet18
         return {"resnet18(zoo)": resnet18, "mobilenet_v2(zoo)": mobilenet_v2}
-    if small:
-        return {"resnet18": lambda: tvm.resnet18(), "mobilenet_v3_small": lambda: tvm.mobilenet_v3_small()}
     return {"resnet50": lambda: tvm.resnet50(), "mobilenet_v3_large": lambda: tvm.mobilenet_v3_large()}
 
 
-class Results:
-    def __init__(self, path: str | None, header: dict[str, Any]):
-        self.path, self.data = path, {"header": header, "rows": []}
-
-    def add(self, **row: Any) -> None:
-        self.data["rows"].append(row)
-        print(json.dumps(row), flush=True)
-        if self.path:
-            with open(self.path, "w") as f:
-                json.dump(self.data, f, indent=1)
+def add(results: Record, **row: Any) -> None:
+    """A row of the run, printed as it comes."""
+    results.add(row)
+    print(json.dumps(row, default=str), flush=True)
 
 
-def bench_add_relu(args: argparse.Namespace, measure: Callable, results: Results) -> None:
-    numel = 1 << 26 if not args.small else 1 << 16  # 64M elements
+def bench_add_relu(args: argparse.Namespace, measure: Callable, results: Record) -> None:
+    numel = 1 << 26 if not args.smoke else 1 << 16  # 64M elements
     shape = (numel // 4096, 4096)
     a = torch.randn(shape, device=args.device, dtype=torch.bfloat16)
     b = torch.randn(shape, device=args.device, dtype=torch.bfloat16)
@@ -108,15 +78,15 @@ def bench_add_relu(args: argparse.Namespace, measure: Callable, results: Results
     t_unfused = measure(lambda: torch.relu(a + b))
     t_fused = measure(lambda: torch.ops.fxopt.add_relu(a, b))
     gbytes = 3 * a.numel() * a.element_size() / 1e9
-    results.add(part="add_relu", numel=a.numel(), dtype="bfloat16", unfused_ms=t_unfused,
+    add(results, part="add_relu", numel=a.numel(), dtype="bfloat16", unfused_ms=t_unfused,
                 fused_ms=t_fused, speedup=t_unfused / t_fused, fused_gbps=gbytes / (t_fused / 1e3),
                 bitwise_equal=exact, triton=fused_ops._triton_applies(a, b))
 
 
 def bench_model(name: str, make: Callable[[], nn.Module], args: argparse.Namespace, measure: Callable,
-                results: Results) -> None:
+                results: Record) -> None:
     device, dtype = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
-    batch, size = (32, 224) if not args.small else (2, 64)
+    batch, size = (32, 224) if not args.smoke else (2, 64)
     torch.manual_seed(0)
     model = randomize_bn(make()).eval().to(device=device, dtype=dtype, memory_format=torch.channels_last)
     x = torch.randn(batch, 3, size, size, device=device, dtype=dtype).to(memory_format=torch.channels_last)
@@ -137,53 +107,62 @@ def bench_model(name: str, make: Callable[[], nn.Module], args: argparse.Namespa
     row = dict(part="model", model=name, batch=batch, dtype=str(dtype), optimize_s=optimize_s,
                fused_ops=counts, rel_err_vs_eager=error)
 
-    def timed(label: str, fn: Callable[[], Any]) -> None:
+    def timed(label: str, fn: Callable[[], Any], context: Callable = contextlib.nullcontext) -> None:
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), context():
                 row[label] = measure(fn)
         except Exception as exc:  # one failing variant must not lose the others
             row[label] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
             traceback.print_exc()
-        results.add(**row, stage=label)
+        add(results, **row, stage=label)
 
     timed("eager_ms", lambda: model(x))
     timed("eager_fxopt_ms", lambda: gm(x))
     if args.skip_compile:
         return
 
-    def compiled(target: nn.Module, freezing: bool = False, keep_cudnn: bool = False) -> Callable[[], Any]:
+    def compiled(target: nn.Module, freezing: bool = False, keep_cudnn: bool = False) -> tuple[Callable, Callable]:
+        """The harness's Inductor mode (checked frozen where it freezes) of ``target``."""
         torch._dynamo.reset()
         fused_ops.set_inductor_keeps_cudnn_fusions(keep_cudnn)
-        fn = torch.compile(target)
-        with torch._inductor.config.patch(freezing=freezing), torch.inference_mode():
+        variant, key, stats = ("inductor_freezing" if freezing else "inductor"), f"{freezing=},{keep_cudnn=}", {}
+        fn, context = inductor_variant(variant, target, stats)
+        with context(), torch.inference_mode():
             t = time.perf_counter()
             out = fn(x)  # compiles here, under the config
-            row.setdefault("compile_s", {})[f"{freezing=},{keep_cudnn=}"] = round(time.perf_counter() - t, 1)
+            row.setdefault("compile_s", {})[key] = round(time.perf_counter() - t, 1)
             err = (out.float() - reference.float()).abs().max().item() / max(scale, 1e-6)
-            row.setdefault("compiled_rel_err", {})[f"{freezing=},{keep_cudnn=}"] = err
-        return lambda: fn(x)
+            row.setdefault("compiled_rel_err", {})[key] = err
+        summary = frozen_summary(variant, stats)
+        row.setdefault("frozen", {})[key] = summary["frozen"]
+        if target is model and not_frozen(variant, summary):
+            row.setdefault("harness_problems", []).append(not_frozen(variant, summary))
+        return lambda: fn(x), context
 
     default_keep = fused_ops._KEEP_CUDNN_IN_INDUCTOR
-    for label, target, kwargs in (
-        ("inductor_ms", model, {}),
-        ("inductor_freezing_ms", model, {"freezing": True}),
-        ("fxopt_inductor_ms", gm, {}),
-        ("fxopt_inductor_cudnn_ms", gm, {"keep_cudnn": True}),
-    ):
-        try:
-            fn = compiled(target, **kwargs)
-        except Exception as exc:
-            row[label] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
-            traceback.print_exc()
-            results.add(**row, stage=label)
-            continue
-        timed(label, fn)
-    fused_ops.set_inductor_keeps_cudnn_fusions(default_keep)
+    try:
+        for label, target, kwargs in (
+            ("inductor_ms", model, {}),
+            ("inductor_freezing_ms", model, {"freezing": True}),
+            ("fxopt_inductor_ms", gm, {}),
+            ("fxopt_inductor_cudnn_ms", gm, {"keep_cudnn": True}),
+        ):
+            try:
+                fn, context = compiled(target, **kwargs)
+            except Exception as exc:
+                row[label] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+                add(results, **row, stage=label)
+                continue
+            timed(label, fn, context)
+    finally:
+        fused_ops.set_inductor_keeps_cudnn_fusions(default_keep)
+        torch._dynamo.reset()
 
 
-def table(results: Results) -> None:
-    rows = results.data["rows"]
-    print("\n## fusion_gpu results:", json.dumps(results.data["header"]))
+def table(results: Record) -> None:
+    rows = results.rows
+    print("\n## fusion_gpu results:", json.dumps(results.meta))
     for row in rows:
         if row["part"] == "error":
             print("ERROR:", row["error"])
@@ -216,33 +195,39 @@ def table(results: Results) -> None:
               f"{math.exp(sum(map(math.log, valid)) / len(valid)):.3f}x")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--small", action="store_true", help="tiny shapes: a logic check")
+    parser.add_argument("--small", dest="smoke", action="store_true", help="the old name of --smoke")
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated model names")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
-    header = {"machine": platform.node(), "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
-              "cudnn": torch.backends.cudnn.version() if args.device == "cuda" else None}
-    out = os.environ.get("OUT")
-    results = Results(os.path.join(out, "fusion_gpu.json") if out else None, header)
-    measure = timer(args.device, args.iters, args.reps)
-    torch.backends.cudnn.benchmark = True
+    args = parser.parse_args(argv)
+    args.device = cli.device_for(args)
+    results = Record("fusion_gpu", args, args.device)
+    iters, reps = (2, 1) if args.smoke else (args.iters, args.reps)
+
+    def measure(fn: Callable[[], Any]) -> float:
+        return loop_ms(fn, args.device, iters=iters, reps=reps)
+
     parts = [lambda: bench_add_relu(args, measure, results)]
-    for name, make in models(args.small).items():
+    for name, make in models(args.smoke).items():
         if not args.only or name in args.only.split(","):
             parts.append(lambda name=name, make=make: bench_model(name, make, args, measure, results))
-    for part in parts:
-        try:
-            part()
-        except Exception as exc:  # report and go on: one call of the GPU machine is precious
-            traceback.print_exc()
-            results.add(part="error", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        for part in parts:
+            try:
+                part()
+            except Exception as exc:  # report and go on: one call of the GPU machine is precious
+                traceback.print_exc()
+                add(results, part="error", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
     table(results)
+    return results.data
 
 
 if __name__ == "__main__":

@@ -13,24 +13,21 @@ Every figure is the median GPU time of one call, timed as the op times its candi
 (``gemm_gelu.time_ms``: the stream sleeps while the host enqueues, so host launch costs are
 not counted); ``op_loop`` and ``inductor_loop`` are back-to-back loops of calls, host
 included. ``err`` is each kernel's largest deviation from the fp32 computation on the same
-operands. Prints a table, and the JSON with ``--out``.
+operands. Prints a table; the JSON goes to ``--out`` (default ``bench/results/<gpu>/gemm_gelu.json``).
 
     python bench/gemm_gelu.py --out gemm_gelu.json          # on the GPU machine, < 90 s
+    python bench/gemm_gelu.py --smoke                       # CPU, one tiny shape, no Triton configs (CI)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import Record, call_ms, cli, loop_ms
 
 import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
 from fxopt.compile import gemm_gelu
@@ -46,32 +43,24 @@ SHAPES = {
     "bert_256": (8 * 256, 768, 3072),
     "bert_384": (8 * 384, 768, 3072),
 }
-
-
-def loop_ms(fn: Callable[[], Any], iters: int = 20) -> float:
-    """Milliseconds per call of ``fn`` in a back-to-back loop (host launch cost included)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+#: ``--smoke``: the same code paths on a CPU
+SMOKE_SHAPE = ("tiny", (64, 32, 128))
 
 
 def max_error(y: torch.Tensor, expected: torch.Tensor) -> float:
     return (y.float() - expected).abs().max().item()
 
 
-def measure(name: str, m: int, k: int, n: int, dtype: torch.dtype, reps: int) -> dict[str, Any]:
-    device = torch.device("cuda")
+def measure(name: str, m: int, k: int, n: int, dtype: torch.dtype, reps: int, device: torch.device) -> dict[str, Any]:
+    """One shape's row. On a GPU every figure is timed as the op times its candidates
+    (``gemm_gelu.time_ms``), so the op's choice and the table agree; on a CPU (``--smoke``)
+    by the harness, and the Triton configurations are not tried."""
+    cuda = device.type == "cuda"
     x = torch.randn(m, k, device=device, dtype=dtype)
     w = (torch.randn(n, k, device=device) / k**0.5).to(dtype)
     b = torch.randn(n, device=device, dtype=dtype)
     expected = F.gelu(F.linear(x.float(), w.float(), b.float()))
-    gpu = lambda fn: gemm_gelu.time_ms(fn, device, reps)  # noqa: E731
+    gpu = (lambda fn: gemm_gelu.time_ms(fn, device, reps)) if cuda else (lambda fn: call_ms(fn, "cpu"))  # noqa: E731
     row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "dtype": str(dtype).removeprefix("torch.")}
 
     row["eager"] = gpu(lambda: gemm_gelu.reference(x, w, b))
@@ -81,10 +70,10 @@ def measure(name: str, m: int, k: int, n: int, dtype: torch.dtype, reps: int) ->
     row["inductor_err"] = max_error(compiled(x, w, b), expected)
     row["inductor_compile_s"] = time.perf_counter() - t0
     row["inductor"] = gpu(lambda: compiled(x, w, b))
-    row["inductor_loop"] = loop_ms(lambda: compiled(x, w, b))
+    row["inductor_loop"] = loop_ms(lambda: compiled(x, w, b), device.type, reps=1)
 
     row["configs"] = {}
-    for config in gemm_gelu.candidate_configs(n, k):
+    for config in gemm_gelu.candidate_configs(n, k) if cuda else ():
         try:
             err = max_error(gemm_gelu.run_config(x, w, b, config), expected)
             row["configs"][str(config)] = {"ms": gpu(lambda c=config: gemm_gelu.run_config(x, w, b, c)), "err": err}
@@ -93,12 +82,13 @@ def measure(name: str, m: int, k: int, n: int, dtype: torch.dtype, reps: int) ->
 
     op = torch.ops.fxopt.linear_gelu
     row["op_err"] = max_error(op(x, w, b), expected)  # the first call decides
-    decision = gemm_gelu.decisions()[gemm_gelu.decision_key(x, w, b)]
-    row["choice"], row["decision_timings"] = str(decision.choice), decision.timings
+    decision = gemm_gelu.decisions().get(gemm_gelu.decision_key(x, w, b))  # none where the kernel does not apply
+    row["choice"] = str(decision.choice) if decision else "reference (no kernel here)"
+    row["decision_timings"] = decision.timings if decision else {}
     row["op"] = gpu(lambda: op(x, w, b))
-    row["op_loop"] = loop_ms(lambda: op(x, w, b))
+    row["op_loop"] = loop_ms(lambda: op(x, w, b), device.type, reps=1)
     best_ours = min([c["ms"] for c in row["configs"].values() if c["ms"] is not None], default=float("inf"))
-    row["best_config_vs_inductor"] = row["inductor"] / best_ours
+    row["best_config_vs_inductor"] = row["inductor"] / best_ours if row["configs"] else None
     row["op_vs_inductor"] = row["inductor"] / row["op"]
     row["op_vs_eager"] = row["eager"] / row["op"]
     return row
@@ -115,32 +105,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the results as JSON here")
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of: " + ", ".join(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--reps", type=int, default=15, help="timed runs per figure (median)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/gemm_gelu.py needs a CUDA GPU")
-    import triton
-
-    dtype = getattr(torch, args.dtype)
+    args = parser.parse_args(argv)
+    device = torch.device(cli.device_for(args))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.exit(1, "bench/gemm_gelu.py needs a CUDA GPU (or --smoke)\n")
+    shapes = dict([SMOKE_SHAPE]) if args.smoke else {name: SHAPES[name] for name in args.shapes.split(",")}
+    dtype = torch.float32 if args.smoke else getattr(torch, args.dtype)
+    record = Record("gemm_gelu", args, device.type,
+                    note="ms: median GPU time per call (gemm_gelu.time_ms); *_loop: back-to-back loops, host included")
     t0 = time.perf_counter()
-    rows = []
-    for name in args.shapes.split(","):
-        rows.append(measure(name, *SHAPES[name], dtype, args.reps))
+    for name, (m, k, n) in shapes.items():
+        record.add(measure(name, m, k, n, dtype, args.reps, device))
         print(f"{name}: done at {time.perf_counter() - t0:.1f} s", flush=True)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "python": platform.python_version(), "seconds": time.perf_counter() - t0, "rows": rows,
-              "note": "ms: median GPU time per call (gemm_gelu.time_ms); *_loop: back-to-back loops, host included"}
-    print(table(rows))
-    geo = statistics.geometric_mean([r["op_vs_inductor"] for r in rows])
-    print(f"op vs inductor, geometric mean: {geo:.3f}x; total {result['seconds']:.1f} s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    print(table(record.rows))
+    geo = statistics.geometric_mean([r["op_vs_inductor"] for r in record.rows])
+    print(f"op vs inductor, geometric mean: {geo:.3f}x; total {time.perf_counter() - t0:.1f} s")
+    return record.data
 
 
 if __name__ == "__main__":

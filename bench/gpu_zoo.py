@@ -19,12 +19,13 @@ attention, GELU/pointwise, layer norm, copies, other) with time per call
 
     python bench/gpu_zoo.py --out $OUT/zoo.json          # the six headline models, within --budget-s (400 s)
     python bench/gpu_zoo.py --models convnext_tiny,vit_b_16 --profile convnext_tiny,vit_b_16 --out $OUT/zoo.json
-    python bench/gpu_zoo.py --tiny --models resnet50     # CPU, stand-in models: checks the script's logic
+    python bench/gpu_zoo.py --smoke --models resnet50    # CPU, stand-in models: checks the script's logic (CI)
 
 Inductor's default cache serves every variant (kernels compiled for one serve another, and
 later runs on the machine: compile_s is then no cold compile; ``--cold-cache`` gives each
-variant a fresh one, for compile-time figures). The JSON is
-rewritten after every variant, so a run cut short keeps what it measured; a variant that
+variant a fresh one, for compile-time figures). Timing, the Inductor baselines and the record
+are the bench harness's (``bench/harness``); the JSON (default
+``bench/results/<gpu>/gpu_zoo.json``) is rewritten after every variant, so a run cut short keeps what it measured; a variant that
 fails is a row saying why. The table is printed last. Models are built from code
 (torchvision ``weights=None``; Hugging Face configs, randomly initialized): no downloads.
 """
@@ -44,8 +45,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from fxopt.progress import progress
+from harness import (
+    INDUCTOR_MODES,
+    SELF_GRAPHED,
+    Record,
+    alternate,
+    call_ms,
+    cli,
+    frozen_summary,
+    host_ms,
+    inductor_variant,
+    not_frozen,
+    observed_inductor,
+)
 
 CONV_NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_1_6gf", "convnext_tiny")
 #: the models of the headline table (issue 30), what a run without --models measures: the two
@@ -54,15 +66,11 @@ HEADLINE_MODELS = ("convnext_tiny", "vit_b_16", "resnet50", "mobilenet_v3_large"
                    "regnet_y_1_6gf")
 ALL_MODELS = (*HEADLINE_MODELS, "bert_base", "gpt2", "llama_decoder", "llama_mlp")
 VARIANTS = ("eager", "inductor", "inductor_freezing", "reduce_overhead", "reduce_overhead_freezing", "fxopt")
-#: the Inductor modes fxopt is compared with: the best of them, per model
-INDUCTOR_MODES = ("inductor", "inductor_freezing", "reduce_overhead", "reduce_overhead_freezing")
 #: more variants, by request: see make_variant
 EXTRA_VARIANTS = ("fxopt_global_freezing", "fxopt_global_freezing_unfixed", "fxopt_1x1_mm",
                   "inductor_freezing_1x1_mm", "max_autotune", "fxopt_cudnn", "fxopt_cpp_wrapper",
                   "inductor_freezing_cpp_wrapper", "fxopt_no_replay", "fxopt_autotune_gemm",
                   "fxopt_sdpa_cudnn_first")
-#: variants that capture CUDA graphs themselves: the harness's own capture is not timed
-SELF_GRAPHED = ("reduce_overhead", "reduce_overhead_freezing")
 
 
 class GatedMLPStack(nn.Module):
@@ -134,80 +142,21 @@ def _build_tiny(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 # --- variants ------------------------------------------------------------------------
 
-class ObservedInductor(torch._TorchCompileInductorWrapper):
-    """Inductor as ``torch.compile(mode=..., options=...)`` builds it, noting per graph
-    whether it was really frozen.
-
-    Inductor's freezing needs the *global* ``torch._inductor.config.freezing`` while Dynamo
-    traces (``torch._dynamo.utils.is_parameter_freezing``): only then are parameters graph
-    constants instead of inputs. ``options={"freezing": True}`` alone patches Inductor, which
-    then has no parameter to freeze. So each graph records what Dynamo handed over
-    (parameters among the inputs), the global flag at that moment and the freezing option.
-    Equality is identity: ``torch.compile``'s wrappers compare equal when their options do,
-    and Dynamo then served one variant another's cache entry (session 6: reduce-overhead +
-    freezing ran reduce-overhead's unfrozen code).
-    """
-
-    def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None,
-                 graphs: list[dict[str, Any]]):
-        super().__init__(mode, options, dynamic)
-        self.graphs = graphs
-
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
-
-    def __call__(self, model_: torch.fx.GraphModule, inputs_: list[Any], **kwargs: Any) -> Any:
-        freezing_option = self.config.get("freezing", torch._inductor.config.freezing)
-        param_inputs = sum(isinstance(x, nn.Parameter) for x in inputs_)
-        traced_frozen = torch._inductor.config.freezing and not torch.is_grad_enabled()
-        self.graphs.append({
-            "param_inputs": param_inputs,
-            "constant_tensors": sum(n.op == "get_attr" for n in model_.graph.nodes),
-            "freezing_flag_at_trace": traced_frozen,
-            "freezing_option": freezing_option,
-            "frozen": bool(freezing_option and traced_frozen and param_inputs == 0),
-        })
-        return super().__call__(model_, inputs_, **kwargs)
-
-
-def _inductor(model: nn.Module, stats: dict[str, Any], dynamic: bool | None, mode: str | None = None,
-              options: dict[str, Any] | None = None, global_freezing: bool = False) -> tuple[Callable, Callable]:
-    """``torch.compile(model, mode=mode, options=options)`` through :class:`ObservedInductor`
-    (the graphs it compiles go to ``stats["graphs"]``), and the context its calls run in:
-    the global freezing flag where the variant freezes."""
-    stats["graphs"] = []
-    backend = ObservedInductor(mode, options, dynamic, stats["graphs"])
-    compiled = torch._dynamo.optimize(backend, dynamic=dynamic)(model)
-    if global_freezing:
-        return compiled, lambda: torch._inductor.config.patch(freezing=True)
-    return compiled, contextlib.nullcontext
-
-
 def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
                  dynamic: bool | None = None) -> tuple[Callable, Callable]:
-    """The callable and the context it runs in (``dynamic`` goes to ``torch.compile``).
-
-    Freezing variants run under the global freezing flag (see :class:`ObservedInductor`);
-    the option is given too, as a user following Inductor's documentation would.
-    """
-    frz = {"freezing": True}
+    """The callable and the context it runs in (``dynamic`` goes to ``torch.compile``): the
+    harness's Inductor modes, this bench's probes of them, and fxopt's variants."""
     if variant == "eager":
         return model, contextlib.nullcontext
-    if variant == "inductor":
-        return _inductor(model, stats, dynamic)
-    if variant == "inductor_freezing":
-        return _inductor(model, stats, dynamic, options=frz, global_freezing=True)
+    if variant in INDUCTOR_MODES:
+        return inductor_variant(variant, model, stats, dynamic)
     if variant == "inductor_freezing_1x1_mm":  # Inductor freezing with the flag fxopt sets
-        return _inductor(model, stats, dynamic, options={**frz, "conv_1x1_as_mm": True}, global_freezing=True)
+        return inductor_variant("inductor_freezing", model, stats, dynamic, options={"conv_1x1_as_mm": True})
     if variant == "inductor_freezing_cpp_wrapper":  # Inductor's C++ wrapper: less host time per launch
-        return _inductor(model, stats, dynamic, options={**frz, "cpp_wrapper": True}, global_freezing=True)
-    if variant == "reduce_overhead":  # Inductor's own CUDA graphs (outputs live in its pool)
-        return _inductor(model, stats, dynamic, mode="reduce-overhead")
-    if variant == "reduce_overhead_freezing":
-        return _inductor(model, stats, dynamic, mode="reduce-overhead", options=frz, global_freezing=True)
+        return inductor_variant("inductor_freezing", model, stats, dynamic, options={"cpp_wrapper": True})
     if variant == "max_autotune":  # Inductor's best, without its CUDA graphs: timed both ways here
-        return _inductor(model, stats, dynamic, mode="max-autotune-no-cudagraphs", options=frz,
-                         global_freezing=True)
+        return observed_inductor(model, stats, dynamic, mode="max-autotune-no-cudagraphs",
+                                 options={"freezing": True}, freezing=True)
     if variant.startswith("fxopt"):
         stats["reports"] = []
         options: dict[str, Any] = {"reports": stats["reports"]}
@@ -230,26 +179,6 @@ def make_variant(variant: str, model: nn.Module, stats: dict[str, Any],
             return compiled, _cudnn_attention_first
         return compiled, contextlib.nullcontext
     raise ValueError(variant)
-
-
-def frozen_summary(variant: str, stats: dict[str, Any]) -> dict[str, Any]:
-    """What a compiled variant froze: ``frozen`` is true when every graph it compiled had its
-    weights as constants (Inductor: see :class:`ObservedInductor`; fxopt: the backend's
-    ``CompiledGraph.frozen``, with no graph fallen back to plain Inductor)."""
-    if "graphs" in stats:
-        graphs = stats["graphs"]
-        return {"frozen": bool(graphs) and all(g["frozen"] for g in graphs), "graphs": len(graphs),
-                "param_inputs": sum(g["param_inputs"] for g in graphs),
-                "freezing_flag_at_trace": [g["freezing_flag_at_trace"] for g in graphs]}
-    if "reports" in stats:
-        reports = stats["reports"]
-        inference = [g for g in reports if not g.training]
-        return {"frozen": bool(inference) and all(g.frozen and not g.fallback for g in inference)}
-    return {}
-
-
-#: variants whose ``frozen`` must be true: a false one means the harness did not measure them
-MUST_FREEZE = ("inductor_freezing", "reduce_overhead_freezing", "fxopt")
 
 
 @contextlib.contextmanager
@@ -300,37 +229,9 @@ def fresh_cache_dir(root: str, label: str) -> None:
 
 
 def bench_ms(fn: Callable, inputs: tuple, device: str, graph: bool = False) -> float:
-    """Median ms of one call: launched from Python as usual, or (``graph``) replayed as a
-    CUDA graph, which takes the CPU's launch overhead out and leaves the GPU's work."""
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        if graph:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn(*inputs)
-            return do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-        return do_bench(lambda: fn(*inputs), warmup=25, rep=100, return_mode="median")
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        fn(*inputs)
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
-def cpu_call_ms(fn: Callable, inputs: tuple) -> float:
-    """Median host time of one call started on an idle GPU: the CPU's cost of launching
-    it (Python, guards, dispatch, launches), which plain launches pay when it exceeds the
-    GPU's work."""
-    times = []
-    for _ in range(15):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn(*inputs)
-        times.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2]
+    """Median ms of one call of ``fn(*inputs)`` (:func:`harness.call_ms`); serving.py and
+    serving_seq.py import it from here."""
+    return call_ms(lambda: fn(*inputs), device, graph=graph)
 
 
 #: kernel kinds of ``--profile``, in the order a kernel name is tested against them
@@ -465,11 +366,20 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
+def _timer(fn: Callable, inputs: tuple, device: str, context: Callable, cudnn_benchmark: bool,
+           graph: bool = False) -> Callable[[], float]:
+    """One timing of ``fn`` as the rounds take it: in its context, cudnn.benchmark as asked."""
+    def measure() -> float:
+        with torch.no_grad(), context(), _cudnn_benchmark(cudnn_benchmark):
+            return bench_ms(fn, inputs, device, graph=graph)
+    return measure
+
+
 def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, save: Callable[[], None]) -> None:
     """Fill ``row`` (its ``model`` and ``layout`` set) with every variant's figures; ``save``
     writes the JSON and is called after each step, so a run cut short keeps its numbers."""
     name, layout, device, dtype = row["model"], row["layout"], args.device, args.dtype
-    model, inputs = build(name, args.tiny)
+    model, inputs = build(name, args.smoke)
     with torch.no_grad(), _no_tf32():
         reference = model.to(device)(*[x.to(device) for x in inputs]).float()  # fp32 eager
     model = model.to(dtype)
@@ -518,8 +428,9 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
             entry["frozen_inputs"] = sum(len(g.frozen) for g in graphs)
             entry["changed_passes"] = sorted({r.name for g in graphs if g.report
                                               for _, r in g.report.walk() if r.changed and not r.children})
-        if variant in MUST_FREEZE and not entry.get("frozen"):
-            row.setdefault("harness_problems", []).append(f"{variant} was not frozen: {entry}")
+        problem = not_frozen(variant, entry)
+        if problem:
+            row.setdefault("harness_problems", []).append(problem)
             print(f"[{name}] WARNING: {variant} was not frozen: its figures are not what it claims", flush=True)
         row[variant] = entry
         print(f"[{name} {layout}] {variant}: compiled in {first_call_s:.1f}s, frozen={entry.get('frozen')}", flush=True)
@@ -527,19 +438,18 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
     # timed in interleaved rounds: a drift of the machine hits every variant alike
     cuda = device == "cuda"
     settings = [("", False)] + ([("bench_", True)] if args.cudnn_benchmark and cuda else [])
-    samples: dict[tuple[str, str], list[float]] = {}
-    for _ in progress(range(args.rounds), desc=f"{name} rounds", unit="round"):
-        for variant, (fn, context) in list(compiled.items()):
-            try:
-                for prefix, flag in settings:
-                    with torch.no_grad(), context(), _cudnn_benchmark(flag):
-                        samples.setdefault((variant, prefix + "ms"), []).append(bench_ms(fn, inputs, device))
-                        if args.cuda_graphs and cuda and variant not in SELF_GRAPHED:
-                            samples.setdefault((variant, prefix + "graph_ms"), []).append(
-                                bench_ms(fn, inputs, device, graph=True))
-            except Exception as exc:  # e.g. a capture that fails: the variant leaves the race
-                row[variant]["error"] = f"while timing: {_error(exc)}"
-                del compiled[variant]
+    timers: dict[tuple[str, str], Callable[[], float]] = {}
+    for variant, (fn, context) in compiled.items():
+        for prefix, flag in settings:
+            timers[variant, prefix + "ms"] = _timer(fn, inputs, device, context, flag)
+            if args.cuda_graphs and cuda and variant not in SELF_GRAPHED:
+                timers[variant, prefix + "graph_ms"] = _timer(fn, inputs, device, context, flag, graph=True)
+
+    def failed(key: tuple[str, str], exc: BaseException) -> None:  # e.g. a capture that fails
+        row[key[0]]["error"] = f"while timing: {_error(exc)}"
+        compiled.pop(key[0], None)  # the variant leaves the race
+
+    samples = alternate(timers, args.rounds, lambda timer: timer(), on_error=failed)
     fresh = tuple(_fresh_like(x) for x in inputs)
     with torch.no_grad():
         fresh_reference = model(*fresh).float()  # bf16 eager on inputs no variant has seen
@@ -552,7 +462,7 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
                 # a replay that read stale inputs would still match on the timed inputs
                 row[variant]["rel_l2_fresh_vs_eager"] = rel_l2(fn(*fresh).float(), fresh_reference)
                 if cuda:
-                    row[variant]["cpu_ms"] = cpu_call_ms(fn, inputs)
+                    row[variant]["cpu_ms"] = host_ms(lambda: fn(*inputs), device)  # noqa: B023
             row[variant]["rel_l2_vs_fp32"] = rel_l2(out, reference)
         except Exception as exc:
             row[variant]["check_error"] = _error(exc)
@@ -560,7 +470,6 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
             row[variant]["replay_logs"] = [str(g.replay) for g in reports[variant] if g.replay is not None]
         for (v, key), times in samples.items():
             if v == variant:
-                times = sorted(times)
                 row[variant].update({key: times[len(times) // 2], f"{key}_samples": times})
         print(f"[{name} {layout}] {variant}: {json.dumps(row[variant])}", flush=True)
     summarize(row)
@@ -704,24 +613,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str | None:
-    """The checkout's commit, where there is a git checkout (the device gets a bare copy)."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(HEADLINE_MODELS), help=f"known: {', '.join(ALL_MODELS)}")
-    parser.add_argument("--tiny", action="store_true", help="CPU stand-ins: check the script's logic")
-    parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "gpu_zoo.json") if os.environ.get("OUT") else None,
-                        help="JSON file for all numbers, rewritten after every variant (default $OUT/gpu_zoo.json)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--tiny", dest="smoke", action="store_true", help="the old name of --smoke")
     parser.add_argument("--layouts", default="channels_last",
                         help="comma-separated memory formats of conv-net models and inputs: channels_last, nchw")
     parser.add_argument("--variants", default="", help=f"extra variants: {', '.join(EXTRA_VARIANTS)}")
@@ -741,54 +636,45 @@ def main() -> None:
                         "without it every variant, and later runs, share Inductor's default cache)")
     parser.add_argument("--budget-s", type=float, default=400,
                         help="skip a model when it would end past this many seconds (by the mean model so far)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models + [p for p in args.profile.split(",") if p and p != "all"] if m not in ALL_MODELS]
     if unknown:
         raise SystemExit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ALL_MODELS)}")
     args.profile_models = models if args.profile == "all" else [p for p in args.profile.split(",") if p]
-    args.profile_dir = args.profile_dir or (os.path.dirname(os.path.abspath(args.out)) if args.out else ".")
-    args.device = "cpu" if args.tiny else "cuda"
-    args.dtype = torch.float32 if args.tiny else torch.bfloat16
+    args.device = cli.device_for(args)
+    args.dtype = torch.float32 if args.smoke else torch.bfloat16
+    record = Record("gpu_zoo", args, args.device, dtype=str(args.dtype))
+    args.profile_dir = args.profile_dir or str(record.path.parent)
     # every variant is one more cache entry on the model's forward: stay clear of Dynamo's limit,
-    # past which it would run the model eagerly without a word
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # past which it would run the model eagerly without a word (scoped: the process keeps its own)
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "dtype": str(args.dtype), "commit": _commit(),
-            "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
-    if args.device == "cuda":
-        meta.update(cudnn=torch.backends.cudnn.version(), triton=__import__("triton").__version__)
-
-    def save() -> None:
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows, "elapsed_s": time.perf_counter() - started}, f, indent=1)
-
-    cache_root = tempfile.mkdtemp(prefix="fxopt_zoo_")
-    durations: list[float] = []
-    for name in models:
-        for layout in (args.layouts.split(",") if name in CONV_NETS else ["-"]):
-            elapsed = time.perf_counter() - started
-            expected = sum(durations) / len(durations) if durations else 0.0
-            if elapsed + expected > args.budget_s:
-                rows.append({"model": name, "layout": layout, "skipped": f"time budget: {elapsed:.0f}s spent, "
-                             f"a model takes ~{expected:.0f}s, budget {args.budget_s:.0f}s"})
-                print(f"[{name} {layout}] skipped: {rows[-1]['skipped']}", flush=True)
+    rows, save = record.rows, record.save
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 64)):
+        cache_root = tempfile.mkdtemp(prefix="fxopt_zoo_")
+        durations: list[float] = []
+        for name in models:
+            for layout in (args.layouts.split(",") if name in CONV_NETS else ["-"]):
+                elapsed = time.perf_counter() - started
+                expected = sum(durations) / len(durations) if durations else 0.0
+                if elapsed + expected > args.budget_s:
+                    rows.append({"model": name, "layout": layout, "skipped": f"time budget: {elapsed:.0f}s spent, "
+                                 f"a model takes ~{expected:.0f}s, budget {args.budget_s:.0f}s"})
+                    print(f"[{name} {layout}] skipped: {rows[-1]['skipped']}", flush=True)
+                    save()
+                    continue
+                rows.append({"model": name, "layout": layout})
+                try:
+                    run_model(rows[-1], args, cache_root, save)
+                except Exception as exc:  # e.g. the model does not build here: the next one still runs
+                    rows[-1]["error"] = _error(exc)
+                    print(f"[{name} {layout}] FAILED: {rows[-1]['error']}", flush=True)
+                durations.append(time.perf_counter() - started - elapsed)
+                rows[-1]["model_s"] = durations[-1]
                 save()
-                continue
-            rows.append({"model": name, "layout": layout})
-            try:
-                run_model(rows[-1], args, cache_root, save)
-            except Exception as exc:  # e.g. the model does not build here: the next one still runs
-                rows[-1]["error"] = _error(exc)
-                print(f"[{name} {layout}] FAILED: {rows[-1]['error']}", flush=True)
-            durations.append(time.perf_counter() - started - elapsed)
-            rows[-1]["model_s"] = durations[-1]
-            save()
-    print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
+    print(f"\n{record.meta}  total {time.perf_counter() - started:.0f}s\n")
     print(table([r for r in rows if "skipped" not in r and "error" not in r]))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -35,14 +35,15 @@ depend on the machine's load, so they show a removed cost even where the timings
     python bench/host_cost.py --variants inductor,fxopt-wrap --layers 80   # the replay path's wrapper
     python bench/host_cost.py --device cuda --variants inductor,fxopt-plain,inductor-ro,fxopt
     python bench/host_cost.py --device cuda --model resnet50 --modes whole --rounds 3 --steps 10 --warmup 3
+    python bench/host_cost.py --smoke                           # 2 rounds of 5 steps, every mode (CI)
+
+The record goes to ``--out`` (or its old name ``--json``; default ``bench/results/<gpu>/host_cost.json``).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import cProfile
-import json
 import pstats
 import statistics
 import sys
@@ -54,6 +55,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from harness import Record, alternate, cli, sync
 
 #: variant -> how the step (or the model) is compiled
 VARIANTS: dict[str, Callable[[Callable], Callable]] = {}
@@ -167,21 +169,19 @@ def make_step(model: nn.Module, mode: str, compile_with: Callable[[Callable], Ca
     return compile_with(step) if mode == "whole" else step
 
 
-def time_steps(steps: dict[str, Callable], batches: list, rounds: int, count: int,
-               sync: Callable[[], None]) -> dict[str, list[float]]:
-    """Microseconds per step of each variant, one figure per round, variants interleaved."""
-    names = list(steps)
-    seen: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            fn = steps[name]
-            sync()
-            began = time.perf_counter()
-            for i in range(count):
-                fn(*batches[i % len(batches)])
-            sync()
-            seen[name].append((time.perf_counter() - began) / count * 1e6)
-    return seen
+def time_steps(steps: dict[str, Callable], batches: list, rounds: int, count: int, device: str) -> dict[str, list[float]]:
+    """Microseconds per step of each variant, one figure per round, the variants interleaved
+    in alternating order; the device synchronized at each round's end only, as a training
+    loop runs."""
+    def per_step_us(fn: Callable) -> float:
+        sync(device)
+        began = time.perf_counter()
+        for i in range(count):
+            fn(*batches[i % len(batches)])
+        sync(device)
+        return (time.perf_counter() - began) / count * 1e6
+
+    return alternate(steps, rounds, per_step_us, reverse_odd=True)
 
 
 def profile(fn: Callable, batches: list, count: int) -> dict[tuple[str, int, str], tuple[float, float]]:
@@ -224,7 +224,7 @@ def report_profile(base: dict, other: dict, base_name: str, other_name: str, top
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__.split("\n\n")[0], rounds=15)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="mlp", choices=("mlp", "conv", "resnet50"),
                         help="resnet50: bench/training.py's (torchvision, bf16, channels-last, batch 32; "
@@ -234,28 +234,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--modes", default="whole,model")
     parser.add_argument("--variants", default="inductor,fxopt-plain", help=", ".join(VARIANTS))
-    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=100, help="steps per round")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-steps", type=int, default=200)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--json", dest="out", help="the old name of --out")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.layers, args.rounds, args.steps, args.warmup, args.profile_steps = 2, 2, 5, 2, 5
+    args.device = cli.device_for(args)
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
-    cuda = torch.device(args.device).type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
+    record = Record("host_cost", args, args.device)
     model, batches = build(args.model, args.layers, args.width, args.batch, args.device)
     print(f"torch {torch.__version__}, {args.device}, {args.model} {args.layers} layers width {args.width} "
           f"batch {args.batch}, SGD momentum; {args.rounds} rounds x {args.steps} steps", flush=True)
-    result: dict[str, Any] = {"config": vars(args) | {"json": str(args.json), "torch": torch.__version__}}
     for mode in args.modes.split(","):
         steps = {name: make_step(model, mode, VARIANTS[name]) for name in names}
         first = {}
@@ -263,15 +259,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             first[name] = fn(*batches[0]).item()
             for i in range(args.warmup):
                 fn(*batches[i % len(batches)])
-        sync()
-        seen = time_steps(steps, batches, args.rounds, args.steps, sync)
+        sync(args.device)
+        seen = time_steps(steps, batches, args.rounds, args.steps, args.device)
         base = names[0]
         print(f"\n[{mode}] first step's loss: " + ", ".join(f"{n} {v:.6f}" for n, v in first.items()))
         print(f"[{mode}] us per step  (min / median over rounds; difference against {base})")
         rows = {}
         for name in names:
             low, mid = min(seen[name]), statistics.median(seen[name])
-            rows[name] = {"min_us": low, "median_us": mid, "rounds_us": seen[name], "first_loss": first[name]}
+            rows[name] = record.add({"mode": mode, "variant": name, "min_us": low, "median_us": mid,
+                                     "rounds_us": seen[name], "first_loss": first[name]})
             delta = "" if name == base else \
                 f"   {low - rows[base]['min_us']:+8.1f} / {mid - rows[base]['median_us']:+8.1f}" \
                 f"  ({mid / rows[base]['median_us']:.3f}x median)"
@@ -284,11 +281,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows_calls = {name: sum(c for c, _ in prof.values()) for name, prof in profiles.items()}
             for name in names:
                 rows[name]["python_calls_per_step"] = rows_calls[name]
-        result[mode] = rows
+        record.save()
         torch._dynamo.reset()
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return result
+    return record.data
 
 
 if __name__ == "__main__":

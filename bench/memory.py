@@ -3,6 +3,9 @@
     python bench/memory.py                       # zoo on CPU (+ CUDA peaks if a GPU is there)
     python bench/memory.py --extra               # + torchvision resnet50 and HF BERT-base
     python bench/memory.py --minimalloc 60       # + the 11 MiniMalloc instances, 60 s each
+    python bench/memory.py --smoke               # one zoo model on the CPU (CI)
+
+The record goes to ``--out`` (default ``bench/results/<gpu>/memory.json``).
 
 Per model it prints the in-place conversions (fxopt vs torch.fx.passes.reinplace on the
 same symbolic_trace graph), naive / lower bound / arena bytes before in-place
@@ -17,28 +20,25 @@ returns but not temporaries freed inside one op.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import csv
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.fx as fx
+from harness import Record, cli, markdown_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import fxopt  # noqa: E402
-from fxopt.memory.executor import ArenaRunner  # noqa: E402
-from fxopt.memory.measure import cpu_peak, cuda_peak  # noqa: E402
-from fxopt.memory.problem import Buffer, lower_bound, verify_placement  # noqa: E402
-from fxopt.memory.solver import _orders, greedy, solve  # noqa: E402
-from fxopt.models import ZOO, example_inputs  # noqa: E402
-from fxopt.progress import progress  # noqa: E402
+import fxopt
+from fxopt.memory.executor import ArenaRunner
+from fxopt.memory.measure import cpu_peak, cuda_peak
+from fxopt.memory.problem import Buffer, lower_bound, verify_placement
+from fxopt.memory.solver import _orders, greedy, solve
+from fxopt.models import ZOO, example_inputs
+from fxopt.progress import progress
 
 MINIMALLOC = Path(__file__).resolve().parents[1] / "tests" / "data" / "minimalloc"
 
@@ -127,10 +127,12 @@ def guarded(name: str, *args, **kwargs) -> dict:
         return {"model": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def zoo_rows(device: str, memory_format: torch.memory_format = torch.contiguous_format) -> list[dict]:
+def zoo_rows(device: str, memory_format: torch.memory_format = torch.contiguous_format,
+             names: list[str] | None = None) -> list[dict]:
     rows = []
     suffix = " (channels-last)" if memory_format == torch.channels_last else ""
-    for name, factory in progress(ZOO.items(), desc=f"zoo on {device}{suffix}", unit="model"):
+    zoo = {name: factory for name, factory in ZOO.items() if names is None or name in names}
+    for name, factory in progress(zoo.items(), desc=f"zoo on {device}{suffix}", unit="model"):
         model = factory().to(device, memory_format=memory_format)
         inputs = tuple(x.to(device, memory_format=memory_format if x.dim() == 4 else torch.preserve_format)
                        for x in example_inputs(name))
@@ -210,51 +212,47 @@ def minimalloc_rows(seconds: float) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], keys: list[str]) -> str:
-    from tabulate import tabulate
-
-    return tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, floatfmt=".3g")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> dict:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--extra", action="store_true", help="also torchvision resnet50 and HF BERT-base")
     parser.add_argument("--minimalloc", type=float, default=0, help="seconds per MiniMalloc instance (0: skip)")
-    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for memory.json")
     parser.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
     parser.add_argument("--channels-last", action="store_true",
                         help="also the zoo in channels-last (where CPU convolutions have an in-place path)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    devices = ["cpu"] if args.smoke else [d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
+    record = Record("memory", args, "cuda" if "cuda" in devices else "cpu")
+    names = ["resnet18"] if args.smoke else None
+    threads = torch.get_num_threads()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    results: dict = {"machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                     "torch": torch.__version__}
-    devices = [d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
-    results["models"] = []
-    for device in devices:
-        results["models"] += zoo_rows(device)
-        if args.channels_last:
-            results["models"] += zoo_rows(device, torch.channels_last)
-        if args.extra:
-            results["models"] += extra_rows(device)
-    results["scaling"] = scaling_row()
+    try:
+        for device in devices:
+            for row in zoo_rows(device, names=names) + (
+                    zoo_rows(device, torch.channels_last, names) if args.channels_last else []) + (
+                    extra_rows(device) if args.extra else []):
+                record.add(row)
+        record.extra["scaling"] = scaling_row()
+        if args.minimalloc:
+            record.extra["minimalloc"] = minimalloc_rows(args.minimalloc)
+    finally:
+        torch.set_num_threads(threads)
+    record.save()
+    rows = record.rows
+    print(f"\n{record.meta['device']}, torch {record.meta['torch']}")
+    print(markdown_table(rows, ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
+                                "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
+    print(markdown_table(rows, ["model", "device", "planned_nodes", "outside_nodes", "outside_ops",
+                                "planned_all_nodes", "arena_all_MB", "predicted_all_MB", "peak_planned_all_MB",
+                                "all_bitwise", "all_rel_l2"]))
+    print(markdown_table(rows, ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
+                                "arena_rel_l2", "predicted_peak_MB", "predicted_unplanned_peak_MB", "peak_eager/bound",
+                                "peak_fx/bound", "peak_planned/bound", "peak_eager_MB", "peak_fx_MB",
+                                "peak_planned_MB", "error"]))
+    print(json.dumps(record.extra["scaling"]))
     if args.minimalloc:
-        results["minimalloc"] = minimalloc_rows(args.minimalloc)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "memory.json").write_text(json.dumps(results, indent=1))
-    print(f"\n{results['machine']}, torch {results['torch']}")
-    print(table(results["models"], ["model", "device", "converted", "reinplace", "naive_MB", "bound_MB",
-                                     "bound_inplace_MB", "bound_concat_MB", "arena/bound", "plan_ms"]))
-    print(table(results["models"], ["model", "device", "planned_nodes", "outside_nodes", "outside_ops",
-                                     "planned_all_nodes", "arena_all_MB", "predicted_all_MB", "peak_planned_all_MB",
-                                     "all_bitwise", "all_rel_l2"]))
-    print(table(results["models"], ["model", "device", "arena_run_MB", "unplanned_nodes", "arena_bitwise",
-                                     "arena_rel_l2", "predicted_peak_MB", "predicted_unplanned_peak_MB", "peak_eager/bound", "peak_fx/bound",
-                                     "peak_planned/bound",
-                                     "peak_eager_MB", "peak_fx_MB", "peak_planned_MB", "error"]))
-    print(json.dumps(results["scaling"]))
-    if args.minimalloc:
-        print(table(results["minimalloc"], ["instance", "buffers", "greedy_by_size", "fxopt", "method", "search_nodes",
-                                             "seconds"]))
+        print(markdown_table(record.extra["minimalloc"], ["instance", "buffers", "greedy_by_size", "fxopt", "method",
+                                                          "search_nodes", "seconds"]))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -11,20 +11,21 @@ is the least-squares slope of log(seconds) against log(nodes); a pass above ``--
 instrumentation hook): steadier than wall time on a shared machine; still, take the best of
 several runs.
 
-    python bench/pass_growth.py [--max-nodes 10000] [--repeat 3]
+    python bench/pass_growth.py [--max-nodes 10000] [--repeat 3]   # bench/results/cpu/pass_growth.json
+    python bench/pass_growth.py --smoke                             # up to 400 nodes (CI)
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
-import os
 import time
+from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from harness import Record, cli
 
 import fxopt
 
@@ -96,14 +97,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--max-nodes", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=4, help="sizes: max, max/2, max/4, ...")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--flag", type=float, default=1.2)
-    args = parser.parse_args()
-    print(f"# {os.uname().nodename}, {os.cpu_count()} CPUs, load {os.getloadavg()}, torch {torch.__version__}")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.max_nodes, args.steps, args.repeat = 400, 2, 1
+    record = Record("pass_growth", args, "cpu")
+    print(f"# {record.meta['cpu']}, {record.meta['cores']} cores, torch {record.meta['torch']}")
     per_block = len(graph_of(2)[0].graph.nodes) - len(graph_of(1)[0].graph.nodes)
     sizes = [max(1, args.max_nodes // per_block // 2 ** k) for k in reversed(range(args.steps))]
     gm, inputs = graph_of(1)
@@ -124,6 +128,7 @@ def main() -> None:
         totals.append(best_total)
         for name, seconds in best.items():
             rows.setdefault(name, []).append(seconds)
+        record.add({"nodes": nodes[-1], "optimize_cpu_s": best_total, "passes_cpu_s": best})
         print(f"nodes={nodes[-1]:6d}  optimize {best_total:7.3f} s CPU  | "
               + "  ".join(f"{k} {v:.3f}" for k, v in best.items()), flush=True)
     print(f"\ngrowth exponent (slope of log seconds over log nodes, {nodes[0]}..{nodes[-1]} nodes; "
@@ -132,7 +137,11 @@ def main() -> None:
         k = slope(nodes, ys)
         last = math.log(ys[-1] / max(ys[-2], 1e-6)) / math.log(nodes[-1] / nodes[-2])
         flag = "  <-- SUPER-LINEAR" if k > args.flag else ""
+        record.extra.setdefault("growth", {})[name] = {"exponent": k, "last_doubling": last,
+                                                       "super_linear": k > args.flag}
         print(f"  {name:24s} {k:5.2f}  [{last:5.2f}]  {ys[-1]:7.3f} s at {nodes[-1]} nodes{flag}")
+    record.save()
+    return record.data
 
 
 if __name__ == "__main__":

@@ -11,27 +11,26 @@ Verification is off in all three. Target: instrumented ≤ 1.10× by hand. Times
 process's CPU time (``time.process_time``), which other load on the machine disturbs far
 less than wall time.
 
-    python bench/pass_manager.py [--nodes 20000] [--trials 7]
+    python bench/pass_manager.py [--nodes 20000] [--trials 7]    # bench/results/cpu/pass_manager.json
+    python bench/pass_manager.py --smoke                          # 500 nodes, 2 trials (CI)
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import operator
-import platform
-import statistics
 import time
+from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+from harness import Record, alternate, cli, markdown_table, median
 
 import fxopt
 from fxopt.context import PassContext
 from fxopt.pipeline import resolve
-from fxopt.progress import progress
 
 PIPELINE = ["remove_dropout", "eliminate_identity", "constant_fold", "cse", "dce"] * 2
 
@@ -72,33 +71,40 @@ def with_manager(instrument: bool):
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0], rounds=7)
     parser.add_argument("--nodes", type=int, default=20_000)
-    parser.add_argument("--trials", type=int, default=7)
-    args = parser.parse_args()
-    template = build_graph(args.nodes)
+    parser.add_argument("--trials", dest="rounds", type=int, help="the old name of --rounds")
+    args = parser.parse_args(argv)
+    nodes, rounds = (500, 2) if args.smoke else (args.nodes, args.rounds)
+    record = Record("pass_manager", args, "cpu")
+    template = build_graph(nodes)
     fxopt.registered_passes()  # import every pass module once, outside the timed region
     variants = {"by hand": by_hand, "PassManager, instrumentation off": with_manager(False),
                 "PassManager, instrumentation on": with_manager(True)}
-    times: dict[str, list[float]] = {name: [] for name in variants}
     results = {}
-    for _ in progress(range(args.trials), desc="trials", unit="trial"):
-        for name, fn in variants.items():
-            gm = copy.deepcopy(template)
-            start = time.process_time()
-            fn(gm)
-            times[name].append(time.process_time() - start)
-            results[name] = len(gm.graph.nodes)
+
+    def cpu_seconds(name: str) -> float:
+        gm = copy.deepcopy(template)
+        start = time.process_time()
+        variants[name](gm)
+        seconds = time.process_time() - start
+        results[name] = len(gm.graph.nodes)
+        return seconds
+
+    # alternate() hands measure the variant: here its name, so the result can be checked
+    times = alternate({name: name for name in variants}, rounds, cpu_seconds)
     assert len(set(results.values())) == 1, f"variants disagree on the result: {results}"
-    base = statistics.median(times["by hand"])
-    print(f"graph: {len(template.graph.nodes)} nodes -> {results['by hand']} after the pipeline; "
-          f"{len(PIPELINE)} passes; {args.trials} trials, median; torch {torch.__version__}; "
-          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    print(f"{'variant':36s} {'median CPU s':>12s} {'vs by hand':>10s}")
+    base = median(times["by hand"])
+    record.extra["graph"] = {"nodes": len(template.graph.nodes), "after": results["by hand"], "passes": len(PIPELINE)}
     for name, samples in times.items():
-        median = statistics.median(samples)
-        print(f"{name:36s} {median:12.3f} {median / base:9.3f}x")
+        record.add({"variant": name, "cpu_s": median(samples), "vs_by_hand": median(samples) / base,
+                    "samples": samples}, save=False)
+    record.save()
+    print(f"graph: {len(template.graph.nodes)} nodes -> {results['by hand']} after the pipeline; "
+          f"{len(PIPELINE)} passes; {rounds} trials, median; {record.meta['torch']}, {record.meta['cpu']}")
+    print(markdown_table(record.rows, ["variant", "cpu_s", "vs_by_hand"]))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """fxopt.profile on a GPU (or the CPU): do the per-node figures add up to what torch measures?
 
-Checks, each printed and written to ``$OUT/profile_gpu.json`` (or ``--out``):
+Checks, each printed and written to ``--out`` (default ``bench/results/<gpu>/profile_gpu.json``;
+the command line's report lands next to it):
 
 1. time: the sum of the nodes' times (GPU kernel time; CPU range time on the CPU) vs the
    end-to-end time of a plain ``gm(*inputs)`` call (CUDA-synchronized wall time, median of
@@ -18,32 +19,24 @@ Checks, each printed and written to ``$OUT/profile_gpu.json`` (or ``--out``):
 6. overhead: what profiling adds per node (a chain of 256 tiny ops), and the wall time of
    one default ``profile()`` call per model.
 
-Run: ``python3 bench/profile_gpu.py [--out DIR]`` on a CUDA machine; ``--device cpu
---small`` runs checks 1-3 on the CPU with smaller models (fxopt.models.ResNet18 where
-torchvision is missing).
+Run: ``python3 bench/profile_gpu.py [--out FILE]`` on a CUDA machine; ``--device cpu`` on
+the CPU; ``--smoke`` (once ``--small``) runs every check but the compiled one on the CPU with
+tiny models and two rounds (fxopt.models.ResNet18 where torchvision is missing; CI).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import statistics
 import time
 import traceback
-from pathlib import Path
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from harness import Record, cli, wall_ms
 
 import fxopt
 from fxopt.profiling import profile, profile_compiled
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def plain_peak(gm: nn.Module, inputs: tuple) -> int:
@@ -70,16 +63,8 @@ def plain_peak(gm: nn.Module, inputs: tuple) -> int:
 
 
 def plain_time(gm: nn.Module, inputs: tuple, repeat: int = 20, warm: int = 3) -> float:
-    for _ in range(warm):
-        gm(*inputs)
-    times = []
-    for _ in range(repeat):
-        sync()
-        start = time.perf_counter()
-        gm(*inputs)
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Seconds of a plain, synchronized call (median)."""
+    return wall_ms(lambda: gm(*inputs), inputs[0].device.type, reps=repeat, warmup=warm) / 1e3
 
 
 def check(name: str, gm: fx.GraphModule, inputs: tuple, results: dict, top: int = 5,
@@ -163,12 +148,6 @@ class MLP(nn.Module):
         return x
 
 
-def save(results: dict, out: str) -> None:
-    """Written after every step, so a run cut short keeps what it measured."""
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "profile_gpu.json").write_text(json.dumps(results, indent=1, default=str))
-
-
 def bert(dev: torch.device, batch: int, seq: int) -> tuple[fx.GraphModule, tuple]:
     """A transformers BERT encoder (4 layers, random weights), exported once: symbolic_trace
     cannot follow it, so ``profile(model, ...)`` would export it on every call."""
@@ -179,16 +158,17 @@ def bert(dev: torch.device, batch: int, seq: int) -> tuple[fx.GraphModule, tuple
     return torch.export.export(model, (ids,), strict=False).module(), (ids,)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+def main(argv: list[str] | None = None) -> dict:
+    parser = cli.parser(__doc__.split("\n\n")[0], rounds=5)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--small", action="store_true", help="smaller models and batches (CPU)")
-    args = parser.parse_args()
-    dev = torch.device(args.device)
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu, {os.cpu_count()} cores"
-    results: dict = {"torch": torch.__version__, "device": name}
-    width, rows, batch, seq = (768, 256, 4, 64) if args.small else (4096, 8192, 64, 256)
+    parser.add_argument("--small", dest="smoke", action="store_true", help="the old name of --smoke")
+    args = parser.parse_args(argv)
+    dev = torch.device(cli.device_for(args))
+    record = Record("profile_gpu", args, dev.type)
+    results: dict = record.extra.setdefault("checks", {})  # one entry per check, by name
+    folder = record.path.parent  # the command line's report goes next to the record
+    rounds = 2 if args.smoke else args.rounds
+    width, rows, batch, seq, size = (64, 16, 2, 16, 32) if args.smoke else (4096, 8192, 64, 256, 224)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     try:
         from torchvision.models import resnet18
@@ -200,16 +180,18 @@ def main() -> None:
         (f"mlp_{width}x8", lambda: (fx.symbolic_trace(MLP(width).to(dev, dtype).eval()),
                                     (torch.randn(rows, width, device=dev, dtype=dtype),))),
         (f"resnet18_b{batch}", lambda: (fx.symbolic_trace(resnet18().to(dev).eval()),
-                                        (torch.randn(batch, 3, 224, 224, device=dev),))),
+                                        (torch.randn(batch, 3, size, size, device=dev),))),
         (f"transformer_encoder_b{batch // 2}", lambda: (
             fx.symbolic_trace(TransformerEncoderNet(d_model=512, heads=8, ff=2048, layers=4).to(dev).eval()),
             (torch.randn(batch // 2, seq, 512, device=dev),))),
         (f"bert_4layers_b{batch // 2}", lambda: bert(dev, batch // 2, seq)),
     ]
+    if args.smoke:  # the CLI and the before/after still profile resnet18
+        steps = [s for s in steps if not s[0].startswith("resnet18")]
     for name, build in steps:
         try:
             gm, inputs = build()
-            check(name, gm, inputs, results)
+            check(name, gm, inputs, results, rounds=rounds)
             start = time.perf_counter()  # what one default profile() call costs in all
             with torch.no_grad():
                 profile(gm, inputs)
@@ -219,14 +201,14 @@ def main() -> None:
         except Exception:
             results[name] = traceback.format_exc()
             print(results[name])
-        save(results, args.out)
+        record.save()
     try:  # the issue's command line, no input shape given: trace and report written
-        from fxopt.cli import main as cli
+        from fxopt.cli import main as fxopt_cli
 
-        out = Path(args.out)
+        out = folder
         out.mkdir(parents=True, exist_ok=True)
         factory = "torchvision.models:resnet18" if "torchvision" in resnet18.__module__ else "fxopt.models:ResNet18"
-        code = cli(["profile", factory, "--device", dev.type, "--top", "10",
+        code = fxopt_cli(["profile", factory, "--device", dev.type, "--top", "10",
                     "--trace", str(out / "resnet18_trace.json"), "--report", str(out / "resnet18_profile.html")])
         trace = json.loads((out / "resnet18_trace.json").read_text())
         slices = sum(1 for e in trace["traceEvents"] if e.get("name", "").startswith("fxopt::"))
@@ -236,16 +218,16 @@ def main() -> None:
     except Exception:
         results["cli"] = traceback.format_exc()
         print(results["cli"])
-    save(results, args.out)
+    record.save()
     try:
         overhead(dev, results)
     except Exception:
         results["overhead_chain"] = traceback.format_exc()
         print(results["overhead_chain"])
-    save(results, args.out)
+    record.save()
     try:  # before/after of the default pipeline on resnet18
         model = resnet18().to(dev).eval()
-        x = torch.randn(batch, 3, 224, 224, device=dev)
+        x = torch.randn(batch, 3, size, size, device=dev)
         with torch.no_grad():
             gm = fxopt.optimize(model, example_inputs=(x,), profile=fxopt.profile)
         diff = fxopt.report_of(gm).profile
@@ -254,7 +236,7 @@ def main() -> None:
     except Exception:
         results["resnet18_diff"] = traceback.format_exc()
         print(results["resnet18_diff"])
-    save(results, args.out)
+    record.save()
     try:  # Inductor kernels -> FX nodes
         if dev.type != "cuda":
             raise RuntimeError("compiled check skipped off the GPU (tests/profiling covers the CPU)")
@@ -266,7 +248,8 @@ def main() -> None:
     except Exception:
         results["compiled"] = traceback.format_exc()
         print(results["compiled"])
-    save(results, args.out)
+    record.save()
+    return record.data
 
 
 if __name__ == "__main__":

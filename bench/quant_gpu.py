@@ -39,7 +39,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # an installed fxopt first
 
 import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402

@@ -16,7 +16,8 @@ itself). Variants, side by side in one process (the bf16 ones compiled with Indu
 - ``bf16``: ``torch.compile(model)`` (the baseline); ``bf16 ro``: ``mode="reduce-overhead"``;
 - ``int8 fxopt``: ``torch.compile(q, backend="fxopt")``;
 - ``int8 compile``: ``torch.compile(q)``, the plain route; ``int8 ro``: ``mode="reduce-overhead"``;
-- ``int4 compile``: ``torch.compile`` of ``int4_weight_only`` (default group size);
+  ``int8 compile unbacked``: the plain route with the token dim marked unbacked;
+- ``int4 compile``, ``int4 ro``: ``torch.compile`` of ``int4_weight_only`` (default group size);
   ``--int4-sweep`` first sweeps the int4 GEMV's configurations at M = 1 and uses the fastest;
 - ``torchao int8``, ``torchao int4``: ``Int8WeightOnlyConfig()`` / ``Int4WeightOnlyConfig(
   group_size=128)`` (tinygemm's ``tile_packed_to_4d`` packing, in torch itself; torchao's
@@ -26,8 +27,10 @@ itself). Variants, side by side in one process (the bf16 ones compiled with Indu
 
 ``--budget-s`` skips the variants left once it is spent (each says so). Before timing:
 SQNR of the eager int8/int4 models against the fp32 model at M = 64; Inductor's code of
-``torch.compile(q)`` at M = 1 is kept and searched for calls of the fxopt ops (none: the
-Triton kernels are compiled into it). ``--first-call``: the first calls in fresh
+``torch.compile(q)`` at M = 1 is kept and searched for calls of the fxopt ops (the opaque
+ops that choose their kernel at run time). Each variant reports how many graphs Dynamo
+compiled across the serving order; ``... unbacked`` marks the token dim unbacked first, as a
+server marks it (no 0/1 specialization: one graph for every M). ``--first-call``: the first calls in fresh
 subprocesses with empty Inductor, Triton and fxopt caches, before everything else: quantize +
 compile + run at M = 1, then each new M in serving order (targets: 5 s, then 2 s per new M).
 """
@@ -49,7 +52,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # an installed fxopt first
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from quant_gpu import D, MLPStack  # noqa: E402
@@ -57,9 +60,11 @@ from quant_gpu import D, MLPStack  # noqa: E402
 import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402
 
-SERVING = [1, 16, 32, 64, 256, 1024, 4096]
-MS = SERVING
-VARIANTS = "bf16,int8 fxopt,int8 compile,int4 compile,torchao int8,torchao int4"
+#: decode first, then ever larger prefills, then sizes between: 12 sizes, each new to Dynamo
+SERVING = [1, 16, 32, 64, 256, 1024, 4096, 2, 8, 100, 513, 2000]
+MS = [1, 16, 32, 64, 256, 1024, 4096]
+VARIANTS = ("bf16,bf16 ro,int8 fxopt,int8 compile,int8 ro,int8 compile unbacked,int4 compile,int4 ro,"
+            "torchao int8,torchao int4")
 
 
 def log(*args) -> None:
@@ -97,6 +102,10 @@ def serve(name: str, fn, serving: list[int], ms: list[int], row: dict, fp32: nn.
     quality = row.setdefault("sqnr_vs_fp32", {})
     torch.manual_seed(1)
     inputs = {m: torch.randn(m, D, device="cuda", dtype=torch.bfloat16) for m in sorted(set(serving + ms + [1]))}
+    if name.endswith("unbacked"):  # the token dim marked as a server marks it: no 0/1 specialization
+        for x in inputs.values():
+            torch._dynamo.decorators.mark_unbacked(x, 0)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
         for m in serving + [m for m in ms if m not in serving]:
             torch.cuda.synchronize()
@@ -105,11 +114,12 @@ def serve(name: str, fn, serving: list[int], ms: list[int], row: dict, fp32: nn.
             torch.cuda.synchronize()
             first.setdefault(str(m), round(time.perf_counter() - start, 3))
             quality.setdefault(str(m), round(sqnr(fp32(inputs[m].float()), out), 2))
+        row["dynamo_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
         ms_times = row.setdefault("ms", {})
         for m in ms:
             ms_times[str(m)] = do_bench(lambda m=m: fn(inputs[m]), warmup=25, rep=200, return_mode="median")
         row["host_us_m1"] = host_us(fn, inputs[1])
-    log(f"{name}: first call s {first}; ms {({k: round(v, 4) for k, v in ms_times.items()})}; "
+    log(f"{name}: {row['dynamo_graphs']} Dynamo graphs; first call s {first}; ms {({k: round(v, 4) for k, v in ms_times.items()})}; "
         f"SQNR vs fp32 dB {quality}; host us per call at M=1 {row['host_us_m1']:.1f}")
 
 
@@ -223,6 +233,7 @@ def first_call_child(route: str, serving: list[int]) -> None:
     with torch.no_grad():
         for m in [1] + [m for m in serving if m != 1]:
             x = torch.randn(m, D, device="cuda", dtype=torch.bfloat16)
+            torch._dynamo.decorators.mark_unbacked(x, 0)  # as a server marks its token dim
             torch.cuda.synchronize()
             start = time.perf_counter()
             fn(x)
@@ -232,6 +243,7 @@ def first_call_child(route: str, serving: list[int]) -> None:
                 times["quantize_compile_run_m1_s"] = round(times["quantize_s"] + times["1"], 3)
             print("FIRST_CALL " + json.dumps(times), flush=True)  # so far: a killed child still reports
     times["worst_new_m_s"] = max(times[str(m)] for m in serving if m != 1)
+    times["dynamo_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     print("FIRST_CALL " + json.dumps(times), flush=True)
 
 
@@ -302,7 +314,7 @@ def main() -> None:
         log("int4 GEMV config for the stack:", best)
     model = float_model()
     q = quantized(model)
-    q4 = quantized(model, "int4_weight_only") if "int4 compile" in variants else None
+    q4 = quantized(model, "int4_weight_only") if any(v.startswith("int4") for v in variants) else None
     if q4 is not None:
         result["int4_group_sizes"] = sorted({r.group_size for r in fq.summary_of(q4).sites if r.group_size})
     fp32 = copy.deepcopy(model).float()
@@ -330,6 +342,8 @@ def main() -> None:
         "bf16 ro": lambda: torch.compile(model, mode="reduce-overhead"),
         "int8 compile": lambda: torch.compile(q),
         "int8 ro": lambda: torch.compile(q, mode="reduce-overhead"),
+        "int8 compile unbacked": lambda: torch.compile(q),
+        "int4 ro": lambda: torch.compile(q4, mode="reduce-overhead"),
         "int8 fxopt": lambda: torch.compile(q, backend="fxopt"),
         "int4 compile": lambda: torch.compile(q4),
         "torchao int8": lambda: torchao(8),

@@ -17,7 +17,11 @@ and the model's buffers afterwards (running statistics in training mode). Outcom
 Usage::
 
     python bench/real_models.py [--models resnet18,bert] [--paths symbolic_trace,export]
-                                [--json bench/real_models.json] [--train]
+                                [--json bench/results/cpu/real_models.json] [--train]
+    python bench/real_models.py --smoke     # fxopt's demo net, two capture paths (CI)
+
+The record (``--out``, or its old name ``--json``) defaults to ``bench/results/<gpu>/real_models.json``;
+the exit status is 1 when any run was wrong or crashed.
 
 The torchvision wheel on PyPI is built for CUDA; on a CPU-only torch its C extension
 (detection ops) does not load. The models used here need none of those ops, so the
@@ -26,23 +30,21 @@ import below skips their registration instead of failing.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import importlib.util
 import inspect
-import json
 import sys
 import time
 import traceback
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from harness import Record, cli
 from tqdm import tqdm
 
 import fxopt
@@ -162,6 +164,17 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "t5": _hf("T5Config", "T5Model", vocab_size=512, d_model=64, d_kv=16, d_ff=128,
               num_layers=2, num_heads=4),
 }
+#: ``--smoke``: a model that needs no library beyond fxopt, over two capture paths
+SMOKE = {"models": "fxopt_demo", "paths": "symbolic_trace,dynamo"}
+
+
+def _fxopt_demo() -> tuple[nn.Module, tuple]:
+    from fxopt.models import demo_model
+
+    return demo_model()
+
+
+MODELS["fxopt_demo"] = _fxopt_demo
 
 
 # --- capture ------------------------------------------------------------------------------
@@ -262,38 +275,48 @@ def run_one(name: str, path: str, pipeline: str, train: bool) -> dict[str, Any]:
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(m for m in MODELS if m != "fxopt_demo"))
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--train", action="store_true", help="also run each model in training mode")
-    parser.add_argument("--json", default="bench/real_models.json")
+    parser.add_argument("--json", dest="out", help="the old name of --out")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
+    if args.smoke:
+        vars(args).update(SMOKE)
+    record = Record("real_models", args, "cpu")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        sweep(args, record)
+    counts: dict[str, int] = {}
+    for r in record.rows:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    record.extra["outcomes"] = counts
+    record.save()
+    print("outcomes:", counts)
+    return record.data
+
+
+def sweep(args: Any, record: Record) -> None:
+    """Every (model, path, pipeline, mode) run, each a row of ``record``."""
     if importlib.util.find_spec("torchvision"):  # timm and transformers import it lazily
         with _tolerant_torchvision_import():
             import torchvision  # noqa: F401
     runs = [(m, p, q, t) for m in args.models.split(",") for p in args.paths.split(",")
             for q in args.pipelines.split(",") for t in ((False, True) if args.train else (False,))]
-    records = []
     for m, p, q, t in tqdm(runs, desc="real models", file=sys.stderr):
         try:
-            records.append(run_one(m, p, q, t))
+            r = run_one(m, p, q, t)
         except Exception as exc:  # the model itself failed to build or run eagerly
-            records.append({"model": m, "path": p, "pipeline": q, "mode": "train" if t else "eval",
-                            "outcome": "model", "error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                            "trace": traceback.format_exc()[-3000:]})
-        r = records[-1]
+            r = {"model": m, "path": p, "pipeline": q, "mode": "train" if t else "eval",
+                 "outcome": "model", "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                 "trace": traceback.format_exc()[-3000:]}
+        record.add(r)
         print(f"{m:28} {p:15} {q:8} {r['mode']:5} {r['outcome']:8} {r.get('error', '')[:90]}",
               flush=True)
-    Path(args.json).write_text(json.dumps({"torch": torch.__version__, "records": records}, indent=1))
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    print("outcomes:", counts)
-    return 1 if counts.get("wrong") or counts.get("crash") else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    outcomes = main()["outcomes"]
+    sys.exit(1 if outcomes.get("wrong") or outcomes.get("crash") else 0)

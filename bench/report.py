@@ -4,15 +4,21 @@ headless Chromium, a search, and whether the diffs hold only the real change.
 Models: ResNet-50 (torchvision's layout, written out below: torchvision is not a
 dependency) captured by ``torch.export`` and by ``symbolic_trace``, and BERT-base
 (``transformers``' ``BertModel`` with random weights, sequence 128) when transformers is
-installed. Chromium comes from playwright (its own, else ``--chromium PATH``).
+installed. The ``stack_*`` models measure how the report scales (issue 39): 128, 512 and
+2,048 small blocks (linear, ReLU, dropout, residual add, ReLU; 642, 2,562 and 10,242
+nodes), ``symbolic_trace``, optimized with remove_dropout, fuse_add_relu and
+fuse_linear_relu, which rewrite every block. Chromium comes from playwright (its own,
+else ``--chromium PATH``).
 
     .venv/bin/python bench/report.py                       # every model
     .venv/bin/python bench/report.py --models resnet50_export --chromium /usr/bin/chromium
+    .venv/bin/python bench/report.py --models stack_642 stack_2562 stack_10242
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import tempfile
 import time
@@ -26,6 +32,7 @@ from torch import nn
 import fxopt
 
 RESNET_PASSES = ["fold_conv_bn", "cse", "dce", "inplace"]
+STACK_PASSES = ["remove_dropout", "fuse_add_relu", "fuse_linear_relu"]
 BERT_PASSES = ["remove_dropout", "eliminate_identity", "constant_fold", "cse", "dce", "inplace", "quantize"]
 
 
@@ -85,8 +92,30 @@ def bert(capture: str):
     return torch.export.export(model, inputs), inputs, BERT_PASSES
 
 
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin, self.relu, self.drop, self.act = nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x + self.drop(self.relu(self.lin(x))))
+
+
+def stack(blocks: int):
+    model = nn.Sequential(*[Block(8) for _ in range(blocks)]).eval()
+    return model, (torch.randn(2, 8),), STACK_PASSES
+
+
 MODELS = {"resnet50_export": lambda: resnet50("export"), "resnet50_trace": lambda: resnet50("trace"),
-          "bert_export": lambda: bert("export")}
+          "bert_export": lambda: bert("export"),
+          **{f"stack_{5 * b + 2}": (lambda b=b: stack(b)) for b in (128, 512, 2048)}}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of the renderers it ran: on a shared machine, what the
+    report costs whatever the other processes take."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def diff_truth(gm) -> list[tuple[str, int, int]]:
@@ -111,9 +140,9 @@ def measure(name: str, browser, out: Path) -> None:
     start = time.perf_counter()
     gm = fxopt.optimize(source, passes=passes, example_inputs=inputs)
     optimize_s = time.perf_counter() - start
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     path = write_report(gm, out / f"{name}.html")
-    write_s = time.perf_counter() - start
+    write_s, write_cpu = time.perf_counter() - start, cpu_seconds() - cpu
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -128,12 +157,16 @@ def measure(name: str, browser, out: Path) -> None:
     search_ms = (time.perf_counter() - start) * 1e3
     current = page.locator("g.node.fx-current text").first.text_content().strip() if hits else None
     drawn = page.evaluate("document.querySelectorAll('.fx-zoom g.node:not(.fx_legend)').length")
-    notes = page.eval_on_selector_all(".fx-collapsed-note", "els => els.map(e => e.textContent)")
+    diffs = page.evaluate("[...document.querySelectorAll('section.fx-pass')].filter(s => s.querySelector("
+                          "'.fx-diff-summary')).map(s => !!s.querySelector('.fx-zoom svg'))")
+    notes = page.eval_on_selector_all(".fx-collapsed-note, .fx-grouped-note", "els => els.map(e => e.textContent)")
     page.close()
     captured = next(r for _, r in fxopt.report_of(gm).walk()).nodes_before
     print(f"\n{name}: {captured} nodes captured, {len(gm.graph.nodes)} after {passes}")
-    print(f"  optimize {optimize_s:.1f} s, write_report {write_s:.1f} s, {path.stat().st_size / 1e6:.2f} MB, "
-          f"load {load_s:.2f} s, {drawn} nodes drawn, JS errors {errors or 'none'}")
+    print(f"  optimize {optimize_s:.1f} s, write_report {write_s:.1f} s ({write_cpu:.1f} s CPU), "
+          f"{path.stat().st_size / 1e6:.2f} MB, "
+          f"load {load_s:.2f} s, {drawn} nodes drawn, diffs drawn {sum(diffs)} of {len(diffs)}, "
+          f"JS errors {errors or 'none'}")
     print(f"  search {probe!r}: {hits} matches, current {current!r}, {search_ms:.0f} ms")
     dead = [n.name for n in gm.graph.nodes if n.op == "get_attr" and not n.users]
     print(f"  unused get_attr nodes in the result: {len(dead)}; parameters and buffers "

@@ -9,20 +9,21 @@ Measures, at 20-50 ops per graph:
 * shrinking: the node count hypothesis shrinks a counterexample to, for properties
   that fail on one op kind.
 
-Run: ``python bench/testing_generator.py [--graphs N]`` (pin cores with ``taskset -c 0,1``).
+Run: ``python bench/testing_generator.py [--graphs N]`` (pin cores with ``taskset -c 0,1``);
+``--smoke``: 5 graphs, one shrink per property (CI). One intra-op thread, for the measurement only.
 """
 
 from __future__ import annotations
 
-import argparse
 import operator
 import os
-import platform
 import random
 import time
+from typing import Any
 
 import torch
 import torch.fx as fx
+from harness import Record, cli, markdown_table
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
@@ -79,41 +80,51 @@ def validity(count: int, dtype: torch.dtype) -> tuple[int, int, int]:
     return tally[0], tally[1], tally[2]
 
 
-def shrunk_sizes(targets: set, trials: int = 3) -> list[int]:
+def shrunk_sizes(targets: set, trials: int = 3, examples: int = 5000) -> list[int]:
     """Nodes in the smallest graph hypothesis shrinks to, containing one of ``targets``
     (``trials`` independent searches: shrinking is randomized)."""
     def has(gm: fx.GraphModule) -> bool:
         return any(n.target in targets for n in gm.graph.nodes)
 
-    return [node_count(find(fx_graphs(1, 50), has, settings=settings(database=None, max_examples=5000)))
+    return [node_count(find(fx_graphs(1, 50), has, settings=settings(database=None, max_examples=examples)))
             for _ in range(trials)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", type=int, default=300)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    graphs, trials, examples = (5, 1, 200) if args.smoke else (args.graphs, 3, 5000)
+    record = Record("testing_generator", args, "cpu", op_kinds=len(OP_KINDS), load=os.getloadavg()[0])
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus visible, "
-          f"affinity {len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"op kinds: {len(OP_KINDS)}")
-    hypothesis_rate(20)  # warm-up
-    rows = []
-    for label, (wall, cpu) in [("fx_graphs(20, 50) via hypothesis", hypothesis_rate(args.graphs)),
-                               ("build_graph core, 20-50 ops", core_rate(args.graphs))]:
-        rows.append((label, f"{wall:.1f} graphs/s wall, {cpu:.1f} graphs per CPU-second"))
+    try:
+        measure(record, graphs, trials, examples)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"machine: {record.meta['cpu']}, {record.meta['cores']} cores, torch {record.meta['torch']}, "
+          f"load average {record.meta['load']:.1f}; op kinds: {len(OP_KINDS)}")
+    print(markdown_table(record.rows, ["measure", "value"]))
+    return record.data
+
+
+def measure(record: Record, graphs: int, trials: int, examples: int) -> None:
+    hypothesis_rate(min(graphs, 20))  # warm-up
+    for label, (wall, cpu) in [("fx_graphs(20, 50) via hypothesis", hypothesis_rate(graphs)),
+                               ("build_graph core, 20-50 ops", core_rate(graphs))]:
+        record.add({"measure": label, "graphs_per_s": wall, "graphs_per_cpu_s": cpu,
+                    "value": f"{wall:.1f} graphs/s wall, {cpu:.1f} graphs per CPU-second"})
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        total, valid, finite = validity(args.graphs, dtype)
-        rows.append((f"valid / finite, {dtype}", f"{valid}/{total} valid ({100 * valid / total:.1f}%), "
-                                                   f"{finite}/{total} finite ({100 * finite / total:.1f}%)"))
+        total, valid, finite = validity(graphs, dtype)
+        record.add({"measure": f"valid / finite, {dtype}", "graphs": total, "valid": valid, "finite": finite,
+                    "value": f"{valid}/{total} valid ({100 * valid / total:.1f}%), "
+                             f"{finite}/{total} finite ({100 * finite / total:.1f}%)"})
     for name, targets in [("sub", {operator.sub, torch.sub, "sub"}),
                           ("conv", {torch.nn.functional.conv1d, torch.nn.functional.conv2d}),
                           ("cat", {torch.cat}), ("layer_norm", {torch.nn.functional.layer_norm})]:
-        rows.append((f"shrunk counterexample, has {name}", f"{shrunk_sizes(targets)} nodes (3 searches)"))
-    width = max(len(r[0]) for r in rows)
-    for label, value in rows:
-        print(f"{label:<{width}}  {value}")
+        sizes = shrunk_sizes(targets, trials, examples)
+        record.add({"measure": f"shrunk counterexample, has {name}", "nodes": sizes,
+                    "value": f"{sizes} nodes ({trials} searches)"})
 
 
 if __name__ == "__main__":

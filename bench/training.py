@@ -32,6 +32,9 @@ variant's JSON gets them under ``memory_history``. Recording costs host time: th
 ``first_call_s`` includes it. ``--profile`` adds, per step, the host's time to issue a step
 (``host_ms_per_step``) and the wall time to its end.
 
+The record goes to ``--out`` (a file, or a folder to put ``training_<workload>.json`` in;
+default ``bench/results/<gpu>/training_<workload>.json``).
+
     python bench/training.py --workload resnet50 --out $OUT
     python bench/training.py --workload transformer --variants inductor,inductor-amb0.5,fxopt-budget0.5
     python bench/training.py --workload resnet50 --variants inductor,inductor-ro,fxopt --warmup 5 --memory-history --profile
@@ -59,6 +62,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from harness import DeviceMemory, Record, cli, fresh_process
 
 VARIANTS = ("eager,inductor,inductor-ro,inductor-amb0.3,inductor-amb0.5,inductor-amb0.7,"
             "fxopt,fxopt-plain,fxopt-replay,fxopt-budget0.3,fxopt-budget0.5,fxopt-budget0.7")
@@ -198,9 +202,9 @@ def compiled(variant: str, step: Callable, reports: list) -> tuple[Callable, con
 def run_variant(args: argparse.Namespace) -> dict:
     device = "cpu" if args.smoke else "cuda"
     cuda = device == "cuda"
+    run_memory = DeviceMemory(device).start()  # before anything: the peaks are the whole run's
     if cuda:
-        torch.cuda.reset_peak_memory_stats()  # before anything: the peaks are the whole run's
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = True  # this child process's own setting
 
     def sync() -> None:
         if cuda:
@@ -234,12 +238,12 @@ def run_variant(args: argparse.Namespace) -> dict:
             # a full ring buffer has dropped the oldest events: the counts then start mid-run
             history["history_full"] = history["events"] >= HISTORY_ENTRIES
             row["memory_history"] = history
+        # the peaks of compilation and warm-up (CUDA-graph recordings included), read before
+        # the reset that starts the timed steps' own
+        run = run_memory.stop()
         if cuda:
-            # the peaks of compilation and warm-up (CUDA-graph recordings included), read before
-            # the reset that starts the timed steps' own
-            row["run_peak_allocated_MB"] = torch.cuda.max_memory_allocated() / 1e6
-            row["run_peak_reserved_MB"] = torch.cuda.max_memory_reserved() / 1e6
-            torch.cuda.reset_peak_memory_stats()
+            row["run_peak_allocated_MB"], row["run_peak_reserved_MB"] = run["peak_allocated_MB"], run["peak_reserved_MB"]
+        step_memory = DeviceMemory(device).start()
         times = []
         for _ in range(args.repeats):
             sync()
@@ -252,9 +256,9 @@ def run_variant(args: argparse.Namespace) -> dict:
             row["profile"] = profile_steps(fn, batches, cuda)
     row["step_ms"] = min(times) * 1e3
     row["step_ms_median"] = statistics.median(times) * 1e3
+    steps = step_memory.stop()
     if cuda:
-        row["step_peak_allocated_MB"] = torch.cuda.max_memory_allocated() / 1e6
-        row["step_peak_reserved_MB"] = torch.cuda.max_memory_reserved() / 1e6
+        row["step_peak_allocated_MB"], row["step_peak_reserved_MB"] = steps["peak_allocated_MB"], steps["peak_reserved_MB"]
         for key in ("allocated", "reserved"):
             row[f"run_peak_{key}_MB"] = max(row[f"run_peak_{key}_MB"], row[f"step_peak_{key}_MB"])
         row["device"] = torch.cuda.get_device_name()
@@ -371,23 +375,13 @@ def history_lines(history: dict) -> list[str]:
 
 # --- the parent ----------------------------------------------------------------------------
 
-def run_child(variant: str, args: argparse.Namespace, out: Path) -> dict:
-    path = out / f"training_{args.workload}_{variant}.json"
-    command = [sys.executable, __file__, "--child", variant, "--workload", args.workload, "--steps", str(args.steps),
-               "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--out", str(path),
-               *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else []),
-               *(["--memory-history"] if args.memory_history else [])]
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"variant": variant, "error": f"no result within --timeout {args.timeout:.0f} s"}
-    if done.returncode != 0 or not path.exists():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"variant": variant, "error": f"exit {done.returncode}: {' | '.join(tail)}"[:600]}
-    row = json.loads(path.read_text())
-    row["process_s"] = time.perf_counter() - began
-    return row
+def run_child(variant: str, args: argparse.Namespace) -> dict:
+    """One variant in a fresh process (see the module's docstring for why)."""
+    row = fresh_process(__file__, ["--child", variant, "--workload", args.workload, "--steps", str(args.steps),
+                                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                                   *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else []),
+                                   *(["--memory-history"] if args.memory_history else [])], args.timeout)
+    return row if "error" not in row else {"variant": variant, **row}
 
 
 def warm_caches(args: argparse.Namespace, out: Path) -> None:
@@ -443,19 +437,14 @@ def _mb(row: dict, key: str) -> str:
     return f"{row[key]:.0f}" if key in row else "-"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = cli.parser(__doc__, rounds=1)
     parser.add_argument("--workload", choices=("resnet50", "transformer"), default="resnet50")
     parser.add_argument("--variants", default=VARIANTS)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run the variant list this many times, alternating fresh processes: a host-bound "
-                             "step's speed varies between processes; ratios use each variant's best")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU (keeps the bench from rotting)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per variant")
-    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="a folder (parent) or a file (child)")
     parser.add_argument("--profile", action="store_true", help="also profile 5 steps: kernels, GPU time, host ops")
     parser.add_argument("--memory-history", action="store_true",
                         help="record the CUDA allocator's history over the first call and the warm-up steps; "
@@ -465,19 +454,18 @@ def main() -> None:
                         help="first compile every variant at once, one step each, results dropped: the timed "
                              "runs then meet warm Inductor caches (first_call_s is a warm-cache figure)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.memory_history and args.smoke:
         parser.error("--memory-history reads the CUDA caching allocator's history: it needs a GPU, not --smoke")
-    if args.child:
+    if args.child:  # --out: the file the parent reads back
         Path(args.out).write_text(json.dumps(run_variant(args)))
-        return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        return None
+    record = Record(f"training_{args.workload}", args, "cpu" if args.smoke else "cuda")
     if args.warm_caches:
-        warm_caches(args, out / "warm")
-    rows = []
+        warm_caches(args, record.path.parent / "warm")
+    rows = record.rows
     for variant in args.variants.split(",") * args.rounds:
-        rows.append(run_child(variant, args, out))
+        record.add(run_child(variant, args))
         printable = {k: v for k, v in rows[-1].items() if k not in ("losses", "graphs", "profile", "memory_history")}
         print(json.dumps(printable), flush=True)
         if "memory_history" in rows[-1]:
@@ -485,9 +473,10 @@ def main() -> None:
         if "profile" in rows[-1]:
             profile = rows[-1]["profile"]
             print(profile["host_top"], json.dumps({k: v for k, v in profile.items() if k != "host_top"}), sep="\n", flush=True)
-    summary = table(rows)
+    record.extra["table"] = summary = table(rows)
+    record.save()
     print(f"\n{summary}", flush=True)
-    (out / f"training_{args.workload}.json").write_text(json.dumps({"rows": rows, "table": summary}, indent=1))
+    return record.data
 
 
 if __name__ == "__main__":

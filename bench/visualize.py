@@ -8,6 +8,7 @@ whole call: classification, DOT generation and the Graphviz renderer (SVG), wall
 
     .venv/bin/python bench/visualize.py                  # 1k, 2k and 10k nodes
     .venv/bin/python bench/visualize.py --sizes 1000 --full-cpu-limit 60
+    .venv/bin/python bench/visualize.py --smoke          # 300 nodes (CI)
 
 Wall and CPU seconds are both printed: on a shared machine the CPU time is what an idle
 one would take in wall time (the renderer is single-threaded).
@@ -15,20 +16,22 @@ one would take in wall time (the renderer is single-threaded).
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import resource
 import subprocess
 import time
+from typing import Any
 
 import torch
 import torch.fx as fx
 from fxopt.visualize import diff_graphs, diff_to_dot, find_renderer, render_diff
+from harness import Record, cli, markdown_table
 from torch.fx.passes.shape_prop import ShapeProp
 
 import fxopt
 from fxopt.progress import progress
+
+HEADER = ("nodes", "changes", "classify ms", "focus s wall / cpu", "full s wall / cpu", "full/focus (cpu)")
 
 _OPS = (torch.add, torch.mul, torch.sub, torch.maximum)
 
@@ -85,39 +88,40 @@ def full_render(diff, cpu_limit: int) -> tuple[float, float] | None:
         return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 10000])
     parser.add_argument("--full-cpu-limit", type=int, default=300,
                         help="CPU seconds the renderer may spend on one full picture")
     parser.add_argument("--hops", type=int, default=2)
-    args = parser.parse_args()
-    print(f"renderer: {find_renderer()}; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}")
-    rows = []
-    for n in progress(args.sizes, desc="graph sizes", unit="size"):
+    args = parser.parse_args(argv)
+    sizes, repeat = ([300], 1) if args.smoke else (args.sizes, 3)
+    record = Record("visualize", args, "cpu", renderer=find_renderer(), load=os.getloadavg()[0])
+    print(f"renderer: {record.meta['renderer']}; {record.meta['cpu']}, {record.meta['cores']} cores, "
+          f"load average {record.meta['load']:.1f}, torch {record.meta['torch']}")
+    for n in progress(sizes, desc="graph sizes", unit="size"):
         gm = ladder(n)
         optimized = fxopt.optimize(gm, passes=["cse", "dce"])
-        record = next(r for r in fxopt.report_of(optimized).records if r.before is not None)
-        before = record.before.build()
+        report = next(r for r in fxopt.report_of(optimized).records if r.before is not None)
+        before = report.before.build()
         diff = diff_graphs(before, optimized)
         counts = diff.summary()
         touched = counts["added"] + counts["removed"] + counts["changed"] + counts["edges_rewired"]
-        classify = min(timed(lambda: diff_graphs(before, optimized)) for _ in range(3))  # noqa: B023
-        focus = min(timed(lambda: render_diff(before, optimized, "svg", focus=args.hops)) for _ in range(3))  # noqa: B023
+        classify = min(timed(lambda: diff_graphs(before, optimized)) for _ in range(repeat))  # noqa: B023
+        focus = min(timed(lambda: render_diff(before, optimized, "svg", focus=args.hops))  # noqa: B023
+                    for _ in range(repeat))
         full = full_render(diff, args.full_cpu_limit)
         if full is None:
             full_text, ratio = f"> {args.full_cpu_limit} cpu (stopped)", f"> {args.full_cpu_limit / focus[1]:.0f}x"
         else:
             full_text, ratio = f"{full[0]:.1f} / {full[1]:.1f}", f"{full[1] / focus[1]:.0f}x"
-        rows.append((len(before.nodes), touched, f"{classify[0] * 1e3:.0f}",
-                     f"{focus[0]:.2f} / {focus[1]:.2f}", full_text, ratio))
-        print(f"  {rows[-1]}", flush=True)
-    header = ("nodes", "changes", "classify ms", f"focus={args.hops} s wall / cpu", "full s wall / cpu",
-              "full/focus (cpu)")
-    print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
-    for row in rows:
-        print("| " + " | ".join(map(str, row)) + " |")
+        row = record.add(dict(zip(HEADER, (len(before.nodes), touched, f"{classify[0] * 1e3:.0f}",
+                                           f"{focus[0]:.2f} / {focus[1]:.2f}", full_text, ratio))))
+        row.update(focus_wall_s=focus[0], focus_cpu_s=focus[1], full_cpu_s=full[1] if full else None)
+        print(f"  {row}", flush=True)
+    record.save()
+    print(markdown_table(record.rows, HEADER))
+    return record.data
 
 
 if __name__ == "__main__":

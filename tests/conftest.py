@@ -48,12 +48,18 @@ if os.environ.get("CI") and not LONG_PROFILE:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if LONG_PROFILE:
-        return
-    skip = pytest.mark.skip(reason="slow: run with FXOPT_PROFILE=long")
+    """``slow`` tests skip unless FXOPT_PROFILE=long; ``gpu`` tests (the GPU lane,
+    docs/testing.md) skip where no CUDA device is present. Tests mark themselves ``gpu`` and
+    never skip on ``torch.cuda.is_available()`` by themselves, so that ``pytest -m gpu`` runs
+    every test that needs CUDA (tests/spine/test_gpu_marker.py checks)."""
+    skip_slow = pytest.mark.skip(reason="slow: run with FXOPT_PROFILE=long")
+    skip_gpu = pytest.mark.skip(reason="gpu: needs a CUDA device")
+    cuda = torch.cuda.is_available()
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        if "slow" in item.keywords and not LONG_PROFILE:
+            item.add_marker(skip_slow)
+        if not cuda and item.get_closest_marker("gpu"):
+            item.add_marker(skip_gpu)
 
 
 # ---------------------------------------------------------------------------------------

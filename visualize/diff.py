@@ -415,30 +415,50 @@ def diff_to_dot(
     hub_degree: int = 16,
 ) -> str:
     """The DOT text of a diff: the union of both graphs, coloured by status, and a legend."""
-    a_nodes = {n.name: n for n in diff.after.nodes}
-    b_nodes = {n.name: n for n in diff.before.nodes}
-    a2b = diff.pairs
     view = diff_view(diff, focus, hub_degree)
-    status, edges, adjacency, hops, shown = view.status, view.edges, view.adjacency, view.hops, view.shown
-
     builder = DotBuilder(title, id_prefix, rankdir)
-    if hops is not None:  # scattered changes: lay out each island on its own, then pack
+    if view.hops is not None:  # scattered changes: lay out each island on its own, then pack
         builder.dot.graph_attr["pack"] = "true"
-    for key in status:  # after order first, then removed nodes: a stable layout
-        if key not in shown:
-            continue
+    items = DiffItems(diff, view, label_width, show_args)
+    for key in view.status:  # after order first, then removed nodes: a stable layout
+        if key in view.shown:
+            builder.add(items.item(key))
+    add_edges(builder, view.edges)
+    hops, shown, status = view.hops, view.shown, view.status
+    note = "" if hops is None else f"focus: changes + {hops} hops, {len(shown)} of {len(status)} nodes shown"
+    return builder.source(clusters, [legend(diff, note, id_prefix)])
+
+
+class DiffItems:
+    """The box of each node of a diff's drawing: its label (what a changed node was, what
+    stands in for a removed one, how many neighbours are not drawn) and its colours."""
+
+    def __init__(self, diff: GraphDiff, view: DiffView, label_width: int = 60, show_args: bool = True):
+        self.diff, self.view = diff, view
+        self.label_width, self.show_args = label_width, show_args
+        self.a_nodes = {n.name: n for n in diff.after.nodes}
+        self.b_nodes = {n.name: n for n in diff.before.nodes}
+
+    def node(self, key: str) -> fx.Node:
         side, name = key.split(":", 1)
-        node = a_nodes[name] if side == "a" else b_nodes[name]
-        root = diff.after_root if side == "a" else diff.before_root
-        st = status[key]
-        rows = labels.node_rows(node, root, label_width, show_args)
+        return self.a_nodes[name] if side == "a" else self.b_nodes[name]
+
+    def item(self, key: str, shown: set[str] | None = None, path: tuple[str, ...] | None = None) -> Item:
+        """The box of ``key``; ``shown`` (default: the view's) counts the neighbours not drawn,
+        ``path`` (default: the node's module) is the cluster it goes in."""
+        diff, width = self.diff, self.label_width
+        node = self.node(key)
+        name = key[2:]
+        root = diff.after_root if key[0] == "a" else diff.before_root
+        st = self.view.status[key]
+        rows = labels.node_rows(node, root, width, self.show_args)
         if st == CHANGED:
-            old = b_nodes[a2b[name]]
-            was = labels.target_text(old, diff.before_root) + (labels.args_text(old) if show_args else "")
-            rows.append((labels.wrapped("was " + was, label_width), "was"))
+            old = self.b_nodes[diff.pairs[name]]
+            was = labels.target_text(old, diff.before_root) + (labels.args_text(old) if self.show_args else "")
+            rows.append((labels.wrapped("was " + was, width), "was"))
         if st == REMOVED and diff.replaced_by.get(name):
-            rows.append((labels.html_text("→ " + ", ".join(diff.replaced_by[name]), label_width), "note"))
-        hidden = len(adjacency[key] - shown)
+            rows.append((labels.html_text("→ " + ", ".join(diff.replaced_by[name]), width), "note"))
+        hidden = len(self.view.adjacency[key] - (self.view.shown if shown is None else shown))
         if hidden:
             rows.append((labels.html_text(f"+{hidden} neighbours not shown"), "note"))
         fill, border = NODE_STYLE[st]
@@ -448,7 +468,11 @@ def diff_to_dot(
             attrs["style"] = "rounded,filled,dashed"
         if st in (ADDED, CHANGED, REMOVED):
             attrs["penwidth"] = "2"
-        builder.add(Item(key, labels.table(rows), module_path(node), attrs))
+        return Item(key, labels.table(rows), module_path(node) if path is None else path, attrs)
+
+
+def add_edges(builder: DotBuilder, edges: list[tuple[str, str, str]]) -> None:
+    """The diff's edges between drawn boxes, coloured by status (the builder skips the others)."""
     for s, d, st in edges:
         attrs = {"color": EDGE_STYLE[st], "class": f"fx_edge_{st}"}
         if st == REMOVED:
@@ -456,11 +480,9 @@ def diff_to_dot(
         elif st != KEPT:
             attrs["penwidth"] = "2"
         builder.edge(s, d, **attrs)
-    note = "" if hops is None else f"focus: changes + {hops} hops, {len(shown)} of {len(status)} nodes shown"
-    return builder.source(clusters, [_legend(diff, note, id_prefix)])
 
 
-def _legend(diff: GraphDiff, note: str, prefix: str) -> str:
+def legend(diff: GraphDiff, note: str, prefix: str) -> str:
     counts = diff.summary()
     rows = ['<TR><TD COLSPAN="2" ALIGN="LEFT"><B>legend</B></TD></TR>']
     for st in (ADDED, REMOVED, CHANGED, UNCHANGED):

@@ -48,7 +48,7 @@ class Figures:
         if self.missing_renderer is None:
             try:
                 svg = run_renderer(dot, "svg", self.renderer, self.timeout).decode("utf-8")
-                return _zoomable(_inline_svg(svg))
+                return zoomable(_inline_svg(svg))
             except RenderError as exc:
                 reason = f'<p class="fx-warning">The {html.escape(what)} could not be drawn: {html.escape(str(exc))}</p>'
         else:
@@ -63,7 +63,7 @@ def _inline_svg(svg: str) -> str:
     return svg[match.start():] if match else html.escape(svg)
 
 
-def _zoomable(svg: str) -> str:
+def zoomable(svg: str) -> str:
     """An inline SVG in a box that svg-pan-zoom drives, as tall as the drawing up to a limit."""
     match = _SVG_HEIGHT.search(svg)
     height = min(float(match.group(1)) * 4 / 3 + 8, MAX_FIGURE_PX) if match else MAX_FIGURE_PX

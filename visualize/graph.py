@@ -49,15 +49,20 @@ def module_path(node: fx.Node) -> tuple[str, ...]:
     belongs to its parent (it *is* the call of its own module), and a ``get_attr`` of
     ``block.0.weight`` to ``block.0``.
     """
-    stack = node.meta.get("nn_module_stack")
+    return scope_of(node.op, node.target, node.meta)
+
+
+def scope_of(op: str, target: Any, meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """:func:`module_path` from a node's fields (a snapshot keeps them, not the nodes)."""
+    stack = meta.get("nn_module_stack")
     path = ""
     if isinstance(stack, dict) and stack:
         entry = list(stack.values())[-1]
         path = str(entry[0] if isinstance(entry, tuple) else entry)
-        if node.op == "call_module" and path == str(node.target):
+        if op == "call_module" and path == str(target):
             path = path.rpartition(".")[0]
-    elif node.op == "get_attr" and isinstance(node.target, str):
-        path = node.target.rpartition(".")[0]
+    elif op == "get_attr" and isinstance(target, str):
+        path = target.rpartition(".")[0]
     for prefix in ("L['self'].", "L['self']", "L__self__.", "L__self__", "self."):
         if path.startswith(prefix):
             path = path[len(prefix):]
@@ -104,7 +109,7 @@ class DotBuilder:
 
     def source(self, clusters: bool = True, extra: Iterable[str] = ()) -> str:
         """The DOT text; ``extra`` lines (a legend) go in as they are."""
-        tree: dict[tuple[str, ...], list[Item]] = {}
+        tree: dict[tuple[str, ...], list[Item]] = {(): []}
         for item in self.items:
             tree.setdefault(item.path if clusters else (), []).append(item)
         for path in list(tree):  # every ancestor of a populated module is a cluster too

@@ -118,6 +118,64 @@
   });
   figures.forEach(function (f) { observer.observe(f); });
 
+  // --- the final graph by module: one level at a time, a module box opens its level below ---
+  // Levels that draw the same but for names share one drawing (outline.py); a copy gets
+  // its own names written in: each name in a text (the same expression as names.py) is
+  // looked up among the names the drawing was made with, and swapped for this level's.
+  var NAME = /[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*/g;
+  function outline(root) {
+    var data = JSON.parse(root.getAttribute("data-outline")), stack = root.querySelector(".fx-levels");
+    var levels = data.levels, drawnWith = data.drawnWith; // drawing -> the level whose names it shows
+    function rename(text, slots, names) {
+      return text.replace(NAME, function (m) { return slots.has(m) ? names[slots.get(m)] : m; });
+    }
+    function open(index, depth) {
+      while (stack.children.length > depth) stack.removeChild(stack.lastChild);
+      var lv = levels[index], own = levels[drawnWith[lv[0]]][1], slots = new Map();
+      own.forEach(function (name, i) { slots.set(name, i); });
+      var figure = root.querySelector('template[data-drawing="' + lv[0] + '"]').content.firstElementChild.cloneNode(true);
+      if (drawnWith[lv[0]] !== index) {
+        figure.querySelectorAll("text").forEach(function (t) { t.textContent = rename(t.textContent, slots, lv[1]); });
+      }
+      figure.querySelectorAll("g.node.fx_scope").forEach(function (g) {
+        var box = /box(\d+)$/.exec(g.id)[1];
+        g.style.cursor = "pointer";
+        g.addEventListener("click", function () {
+          figure.querySelectorAll("g.fx-open").forEach(function (o) { o.classList.remove("fx-open"); });
+          g.classList.add("fx-open");
+          open(lv[2][box], depth + 1).scrollIntoView({block: "nearest"});
+        });
+      });
+      var level = document.createElement("div");
+      level.className = "fx-level";
+      level.setAttribute("data-level", index);
+      var title = document.createElement("div");
+      title.className = "fx-level-title";
+      title.textContent = lv[3];
+      level.appendChild(title);
+      level.appendChild(figure);
+      stack.appendChild(level);
+      observer.observe(figure);
+      return level;
+    }
+    // search reaches into levels not open yet: open the path down to the first level
+    // (in graph order: a node's own block before the blocks that read it) drawing that name
+    var parent = {};
+    levels.forEach(function (lv, i) { Object.keys(lv[2]).forEach(function (b) { parent[lv[2][b]] = i; }); });
+    root.fxReveal = function (name) {
+      for (var i = 0; i < levels.length; i++) {
+        if (levels[i][1].indexOf(name) < 0) continue;
+        var path = [];
+        for (var at = i; at !== undefined; at = parent[at]) path.unshift(at);
+        path.forEach(function (index, depth) { open(index, depth); });
+        return true;
+      }
+      return false;
+    };
+    open(0, 0);
+  }
+  document.querySelectorAll(".fx-outline").forEach(outline);
+
   // --- search: highlight every node whose name/op/target matches, pan to one at a time ---
   var box = document.getElementById("fx-search");
   var count = document.getElementById("fx-search-count");
@@ -129,10 +187,19 @@
     if (out[1] === "placeholder" || out[1] === "output") out.length = 2; // line 3: not a target
     return out;
   }
-  function search(query) {
+  function drawn(q) { // whether a drawn node's name, op or target contains q
+    return [].some.call(document.querySelectorAll(".fx-zoom g.node:not(.fx_legend)"), function (n) {
+      return words(n).some(function (x) { return x.indexOf(q) >= 0; });
+    });
+  }
+  function search(query, revealed) {
     matches.forEach(function (n) { n.classList.remove("fx-match", "fx-current"); });
     matches = []; current = -1;
     var q = query.trim().toLowerCase();
+    if (q && !revealed && !drawn(q)) { // a node of a module not open: open it, then look again
+      var opened = [].some.call(document.querySelectorAll(".fx-outline"), function (o) { return o.fxReveal(query.trim()); });
+      if (opened) return search(query, true);
+    }
     if (q) {
       var exact = [], partial = [];
       document.querySelectorAll(".fx-zoom g.node:not(.fx_legend)").forEach(function (n) {

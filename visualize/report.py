@@ -9,10 +9,12 @@ A graph that cannot be drawn (no renderer, a renderer error) is listed as a tabl
 its nodes instead (:mod:`.listing`), never dropped and never fatal; without a renderer,
 one line at the top says how to get one.
 
-Made for graphs of thousands of nodes: every drawing zooms and pans, a search box
-finds nodes by name or op, a diff of a large graph draws only the changes and their
-neighbourhood (``focus``), and a sidebar lists the passes with prev/next-change
-buttons. The page is a list of :class:`Section` s, one method of :class:`_Page` each:
+Made for graphs of tens of thousands of nodes: every drawing zooms and pans, a search
+box finds nodes by name or op, a diff of a large graph draws only the changes and their
+neighbourhood (``focus``) or, when that is still too much, one example of each kind of
+rewrite and where each happened (:mod:`.repeats`), the final graph of a large graph opens
+module by module (:mod:`.outline`), and a sidebar lists the passes with prev/next-change
+buttons. Graphviz never gets more than a few hundred nodes at once. The page is a list of :class:`Section` s, one method of :class:`_Page` each:
 a new kind of section is one more method and one more line in :meth:`_Page.sections`.
 """
 
@@ -27,19 +29,28 @@ from typing import Any
 
 import torch.fx as fx
 
+from fxopt.errors import RenderError
 from fxopt.optimize import report_of
 from fxopt.report import PassRecord, Report
+from fxopt.snapshot import GraphSnapshot
 
-from .diff import GraphDiff, diff_graphs, diff_to_dot, diff_view
+from .diff import DiffItems, GraphDiff, diff_graphs, diff_to_dot, diff_view
 from .figures import Figures, asset, script
 from .graph import to_dot
 from .labels import safe_repr
 from .listing import diff_listing, graph_listing
 from .memory import human_bytes, is_memory_plan, memory_plan_svg
+from .outline import build_outline, outline_html
 from .profile import profile_section
+from .repeats import group_diff, where_listing
+from .scopes import origin_scopes, scope_tree
 
 #: graphs up to this many nodes get a drawing of the final graph at the end of the page
 FINAL_GRAPH_NODES = 400
+#: a focused diff that would still draw more nodes than this is drawn by kind of rewrite
+GROUP_ABOVE = 1000
+#: and each example of a kind of rewrite is drawn with this many hops around it (``focus="auto"``)
+GROUP_HOPS = 1
 
 
 @dataclass
@@ -70,6 +81,7 @@ class _Page:
         self.gm, self.report, self.title = gm, report, title
         self.focus = focus
         self.figures = Figures(renderer, timeout)
+        self.built: dict[int, fx.Graph] = {}
         leaves = _changing_leaves(report)
         self.after_of = {id(r): (leaves[i + 1].before if i + 1 < len(leaves) else gm)
                          for i, r in enumerate(leaves)}
@@ -110,17 +122,30 @@ class _Page:
                           self.pass_section(index, depth, record, status), status, depth)
 
     def final_graph(self) -> list[Section]:
-        """The optimized graph, folded away; or, for a big graph, how to draw it."""
+        """The optimized graph: drawn whole and folded away up to FINAL_GRAPH_NODES nodes;
+        above that, by module, one level at a time (:mod:`.outline`)."""
         nodes = len(self.gm.graph.nodes)
         if nodes > FINAL_GRAPH_NODES:
-            text = (f'<p class="fx-note">The final graph has {nodes} nodes, too many to draw here; '
-                    "draw it with <code>fxopt.visualize.render(gm, 'final.svg', collapse_depth=1)</code>."
-                    "</p>")
+            text = ('<h2>final graph, by module</h2><p class="fx-note">The final graph has '
+                    f"{nodes} nodes. Drawn here is one level of modules; click a module (a blue box) "
+                    "to open it below, and a module in that to go deeper.</p>" + self.outline())
         else:
             text = ('<details id="final-graph"><summary>final graph</summary>'
                     + self.figures.figure(to_dot(self.gm, id_prefix="final_"), "final graph",
                                  lambda: graph_listing(self.gm)) + "</details>")
         return [Section("final", "final graph", f'<section id="final">{text}</section>')]
+
+    def outline(self) -> str:
+        """The final graph by module; a line saying why when it cannot be drawn."""
+        if self.figures.missing_renderer:
+            return '<p class="fx-note">The final graph is not drawn (no renderer).</p>'
+        first = next((r.before for _, r in self.report.walk() if r.before is not None), None)
+        tree = scope_tree(self.gm.graph, origin_scopes(self.graph(first)) if first is not None else {})
+        try:
+            return outline_html(build_outline(self.gm.graph, self.gm, tree), self.figures.renderer,
+                                self.figures.timeout)
+        except RenderError as exc:
+            return f'<p class="fx-warning">The final graph could not be drawn: {html.escape(str(exc))}</p>'
 
     # --- the parts of a pass section -------------------------------------------------------
 
@@ -147,7 +172,7 @@ class _Page:
                 items.append(f"<b>{html.escape(str(key))}</b> {html.escape(value)}")
             out.append('<div class="fx-meta fx-stats">' + " &nbsp; ".join(items) + "</div>")
         if r.before is not None and not r.children:
-            diff = diff_graphs(r.before, self.after_of[id(r)])
+            diff = diff_graphs(self.graph(r.before), self.graph(self.after_of[id(r)]))
             out.append(f'<div class="fx-meta fx-diff-summary">{html.escape(str(diff))}</div>')
             out.append(self.diff_figure(diff, index))
         for key, plan in plans:
@@ -155,8 +180,18 @@ class _Page:
         out.append("</section>")
         return "\n".join(out)
 
+    def graph(self, graph: GraphSnapshot | fx.GraphModule) -> fx.Graph | fx.GraphModule:
+        """A snapshot rebuilt once: the "after" of one diff is the "before" of the next."""
+        if not isinstance(graph, GraphSnapshot):
+            return graph
+        if id(graph) not in self.built:
+            self.built[id(graph)] = graph.build()
+        return self.built[id(graph)]
+
     def diff_figure(self, diff: GraphDiff, index: int) -> str:
         view = diff_view(diff, self.focus)
+        if view.hops is not None and len(view.shown) > GROUP_ABOVE:
+            return self.grouped_figure(DiffItems(diff, view), index)
         note = ""
         if view.hidden:
             note = (f'<p class="fx-note fx-collapsed-note">Unchanged regions collapsed: drawn are the '
@@ -165,6 +200,20 @@ class _Page:
                     "draws them all).</p>")
         dot = diff_to_dot(diff, focus=self.focus, id_prefix=f"p{index}_", title=f"pass{index}")
         return note + self.figures.figure(dot, "diff", lambda: diff_listing(diff))
+
+    def grouped_figure(self, items: DiffItems, index: int) -> str:
+        """A diff whose changes and their context are too many to draw: one example of each
+        kind of rewrite, its count, and where each happened (:mod:`.repeats`)."""
+        hops = GROUP_HOPS if self.focus == "auto" else items.view.hops
+        grouped = group_diff(items, hops, id_prefix=f"p{index}_", title=f"pass{index}")
+        kinds = len(grouped.groups)
+        note = (f'<p class="fx-note fx-grouped-note">{grouped.rewrites_count} rewrites of {kinds} '
+                f"kind{'s' if kinds != 1 else ''}: drawn is one of each kind"
+                + (f" (the first {grouped.drawn}; the others are listed)" if grouped.drawn < kinds else "")
+                + f" with {hops} hop{'s' if hops != 1 else ''} around it, and listed below is where each happened "
+                "(<code>write_report(gm, path, focus=None)</code> draws every node).</p>")
+        figure = self.figures.figure(grouped.dot, "diff", lambda: diff_listing(items.diff))
+        return note + figure + where_listing(grouped, f"pass-{index}")
 
     def table(self) -> str:
         rows = []

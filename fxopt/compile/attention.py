@@ -23,10 +23,33 @@ decomposition's; the op returns one fixed layout (``[B, L, H, E]``
 in memory, viewed as ``[B, H, L, E]``: what the fused kernels write), declared by its fake
 implementation, so that compiled code reading the output by strides reads it right.
 
+The op has a backward (``torch.library.register_autograd``), so training graphs are rewritten
+too: AOTAutograd, which runs after this torch-level pass, traces the op's formula into the
+joint graph, where it calls ``torch.ops.fxopt.sdpa_backward``, again opaque. That op runs
+SDPA's forward again on the saved inputs under autograd and takes its gradient, so at run
+time both passes are the fused kernels eager picks for the real sizes (on CUDA the flash or
+memory-efficient backward). What is saved for backward is the op's inputs (q, k, v, mask),
+which the projections' graph mostly holds anyway; eager SDPA saves those plus its output and
+the log-sum-exp, so the op saves less, and pays for it with a second attention forward in
+the backward.
+
+A mask the pass finds broadcast along the key axis is made dense once per mask in the graph
+(one ``contiguous`` node shared by every call that uses it: all the layers of an encoder),
+not once per call: Inductor computes that copy with the mask, and a training graph saves the
+one copy for every layer's backward. The copy is made in the graph and not in a run-time
+cache keyed by the mask tensor: compiled kernels write their buffers through raw pointers,
+without bumping version counters, and Inductor reuses a dead buffer's memory for a new value,
+so no key made of a tensor's identity, address and version can tell an old mask from a new
+one there (and a CUDA-graph replay runs no Python to look one up). The op still copies a mask
+it is given with any other layout, as eager's kernels need.
+
 Only calls with a symbolic size are replaced (with static sizes Inductor's choice at
-compile time is the one eager makes), only in inference graphs (the op has no backward),
-and never with ``dropout_p`` other than zero (a random draw would move out of Inductor's
-view of the RNG).
+compile time is the one eager makes), and never with ``dropout_p`` other than zero. Eager's
+fused kernels save the RNG seed and offset of their dropout draw and the backward draws the
+same mask again from them; the backward here recomputes the forward with a fresh draw, whose
+mask would differ from the one the output was computed with, and an inference call would
+move the draw out of Inductor's view of the RNG. The op's autograd formula refuses dropout
+as well, for callers other than this pass.
 """
 
 from __future__ import annotations
@@ -48,7 +71,11 @@ from fxopt.registry import register_pass
 _LIB = torch.library.Library("fxopt", "FRAGMENT")
 _LIB.define("sdpa(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool is_causal, "
             "float? scale, bool enable_gqa) -> Tensor")
+# the gradients of the inputs ``needs`` flags (q, k, v, attn_mask), in that order
+_LIB.define("sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, "
+            "bool is_causal, float? scale, bool enable_gqa, bool[] needs) -> Tensor[]")
 declare_op("fxopt::sdpa", pure=True)  # the same declaration users make for their ops
+declare_op("fxopt::sdpa_backward", pure=True)
 
 
 def _output_layout(q: Tensor, v: Tensor) -> tuple[tuple, tuple]:
@@ -98,6 +125,57 @@ def _sdpa_fake(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropou
     return q.new_empty_strided(*_output_layout(q, v))
 
 
+def _grad_strides(x: Tensor) -> tuple:
+    """The strides the gradient of ``x`` is returned with: ``torch.empty_like``'s for ``x``
+    (``x``'s own where it is dense, as q, k and v from a projection are; contiguous for a
+    broadcast mask), computed on the meta device, which allocates nothing."""
+    return torch.empty_like(x, device="meta").stride()
+
+
+@torch.library.impl(_LIB, "sdpa_backward", "CompositeExplicitAutograd")
+def sdpa_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                  is_causal: bool, scale: float | None, enable_gqa: bool, needs: list[bool]) -> list[Tensor]:
+    """The gradients of ``fxopt.sdpa`` for the inputs ``needs`` flags: SDPA's forward again on
+    the same inputs, under autograd, then its backward, each the kernel eager picks now."""
+    leaves = [t if t is None else t.detach().requires_grad_(n) for t, n in zip((q, k, v, attn_mask), needs,
+                                                                                strict=True)]
+    wanted = [t for t, n in zip(leaves, needs, strict=True) if n]
+    with torch.enable_grad():
+        out = F.scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], attn_mask=dense_key_axis(leaves[3]),
+                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                             enable_gqa=enable_gqa)
+        grads = torch.autograd.grad(out, wanted, grad)
+    result = []
+    for g, x in zip(grads, wanted, strict=True):
+        strides = _grad_strides(x)
+        result.append(g if _same_layout(g, strides) else g.new_empty_strided(x.shape, strides).copy_(g))
+    return result
+
+
+@torch.library.register_fake("fxopt::sdpa_backward", lib=_LIB)
+def _sdpa_backward_fake(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                        is_causal: bool, scale: float | None, enable_gqa: bool, needs: list[bool]) -> list[Tensor]:
+    return [torch.empty_like(x) for x, n in zip((q, k, v, attn_mask), needs, strict=True) if n]
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
+    if dropout_p != 0.0:  # see the module docstring: a recomputed forward would draw another mask
+        raise NotImplementedError("fxopt.sdpa has no backward for dropout_p > 0: its backward recomputes the "
+                                  "forward, which cannot draw the same dropout mask again")
+    ctx.save_for_backward(q, k, v, attn_mask)
+    ctx.options = (dropout_p, is_causal, scale, enable_gqa)
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple:
+    needs = list(ctx.needs_input_grad[:4])
+    grads = iter(torch.ops.fxopt.sdpa_backward(grad, *ctx.saved_tensors, *ctx.options, needs))
+    return (*(next(grads) if n else None for n in needs), None, None, None, None)
+
+
+torch.library.register_autograd("fxopt::sdpa", _backward, setup_context=_setup_context, lib=_LIB)
+
+
 _SDPA_TARGETS = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 _SIGNATURE = inspect.Signature([
     inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
@@ -119,20 +197,37 @@ def _symbolic(value: Any) -> bool:
     return isinstance(value, Tensor) and not all(isinstance(n, int) for n in value.shape)
 
 
+def _key_broadcast(mask: Any) -> bool:
+    """Whether a traced mask is known to be broadcast along the key axis (stride 0 there, and
+    more than one key), read without a guard: a symbolic stride or length answers no, and the
+    op copies such a mask at run time if it must."""
+    return (isinstance(mask, Tensor) and mask.dim() > 0 and isinstance(mask.stride(-1), int)
+            and mask.stride(-1) == 0 and not (isinstance(mask.shape[-1], int) and mask.shape[-1] == 1))
+
+
+def _dense_copy(gm: fx.GraphModule, mask: fx.Node, first: fx.Node, dense: dict[fx.Node, fx.Node]) -> fx.Node:
+    """One ``mask.contiguous()`` node before ``first`` (the first call, in graph order, that
+    uses ``mask``), recorded in ``dense`` for the later calls that use the same mask."""
+    with gm.graph.inserting_before(first):
+        copy = gm.graph.call_method("contiguous", (mask,))
+    record_value(copy, _traced(mask).contiguous())
+    dense[mask] = copy
+    return copy
+
+
 @register_pass
 class DeferSdpaChoice(Pass):
     """Let attention with symbolic sizes choose its kernel at run time (torch.ops.fxopt.sdpa)
     instead of the fp32 math decomposition compiled code falls back to."""
 
     name = "defer_sdpa_choice"
-    inference_only = True
     options: ClassVar = {
         "symbolic_only": Option(bool, True, "replace only calls with a symbolic size (with static sizes "
                                             "the compiler's choice is eager's)"),
     }
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
-        replaced = 0
+        replaced, dense = 0, {}
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in _SDPA_TARGETS:
                 continue
@@ -142,6 +237,7 @@ class DeferSdpaChoice(Pass):
                 continue  # a call this torch would reject anyway: left for it to report
             bound.apply_defaults()
             args = bound.arguments
+            # dropout: the op's backward cannot draw the forward's mask again (module docstring)
             if args["dropout_p"] != 0.0 or any(isinstance(args[k], fx.Node)
                                                  for k in ("dropout_p", "is_causal", "scale", "enable_gqa")):
                 continue
@@ -150,6 +246,9 @@ class DeferSdpaChoice(Pass):
                 continue  # no recorded values: nothing says the sizes are symbolic
             if self.options["symbolic_only"] and not any(_symbolic(v) for v in values):
                 continue
+            if isinstance(args["attn_mask"], fx.Node) and _key_broadcast(values[3]):
+                mask = args["attn_mask"]
+                args["attn_mask"] = dense.get(mask) or _dense_copy(gm, mask, node, dense)
             with gm.graph.inserting_before(node):
                 new = gm.graph.call_function(torch.ops.fxopt.sdpa.default, tuple(args.values()))
             value = _traced(node)

@@ -14,9 +14,9 @@ Freezing (:mod:`fxopt.compile.freezing`). The weights of inference graphs become
 constants. After the user's passes, the layout passes of :mod:`fxopt.passes.layout` prepare
 the half-precision CUDA convolutions for cuDNN's tensor cores (channels-last weights, as
 Inductor's freezing does for the convolutions it sees, and RGB stems padded to 8 channels).
-On every inference graph, attention whose sizes are symbolic calls
-``F.scaled_dot_product_attention`` at run time (:mod:`fxopt.compile.attention`: Inductor
-would compile the fp32 math fallback). Training graphs are never frozen and inference-only
+On every inference graph (training graphs too with ``sdpa_in_training=True``), attention
+whose sizes are symbolic calls ``F.scaled_dot_product_attention`` at run time
+(:mod:`fxopt.compile.attention`: Inductor would compile the fp32 math fallback). Training graphs are never frozen and inference-only
 passes are skipped on them, with a line in the report.
 
 CUDA graphs. A compiled inference graph whose replay the caller could not tell from a
@@ -120,7 +120,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         constant = bool(frozen) or (opts.freeze and traced_frozen(work, training))
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
             passes += [PadConvChannels(), ChannelsLastWeights()]
-        if not training:  # Inductor cannot choose a fused attention kernel for symbolic sizes
+        if not training or opts.sdpa_in_training:  # Inductor cannot choose a fused kernel for symbolic sizes
             passes.append(DeferSdpaChoice())
         report = PassManager(passes, hooks=hooks).run(work, training=training)
         report.records[:0] = freezing

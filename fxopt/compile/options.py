@@ -69,6 +69,10 @@ class BackendOptions:
     #: sound, False never (``cuda_graphs=False`` turns it off too), True the same as None but a
     #: graph that cannot be replayed warns, naming the option and why
     training_cuda_graphs: bool | None = None
+    #: also rewrite symbolic-size attention in training graphs (``fxopt.sdpa``'s backward runs
+    #: the fused kernels' forward again and differentiates it); checked against eager on CPU
+    #: only, not yet run under a GPU's CUDA-graph recording, so it waits for that to be default
+    sdpa_in_training: bool = False
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None

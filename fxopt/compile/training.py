@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -133,9 +134,10 @@ class _PendingGrads:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.generation: int | None = None
-        #: per backward: its edges (AccumulateGrad nodes hold their leaf) and the addresses
-        #: of the gradients it handed them (0: none)
-        self.grads: list[tuple[tuple, list[int]]] = []
+        #: each leaf a backward handed a gradient to (weakly: a model the caller dropped, and
+        #: the gradients in its pool, are not kept alive here, nor copied by a later model's
+        #: call), with the address of that gradient
+        self.grads: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
 
 _PENDING = _PendingGrads()
@@ -175,13 +177,16 @@ def _grads_out_of_pool(grad_inputs: tuple[torch.Tensor | None, ...], _: Any) -> 
     bench/RESULTS.md, "Host cost per call (issue 29)")."""
     if not torch._C._will_engine_execute_node(_ANCHOR_NODE):
         return tuple(None if g is None else g.clone() for g in grad_inputs)
-    edges = torch._C._current_autograd_node().next_functions
-    handed = [0 if g is None else g.data_ptr() for g in grad_inputs]
+    handed = []
+    for (node, _), grad in zip(torch._C._current_autograd_node().next_functions, grad_inputs):
+        leaf = getattr(node, "variable", None)  # AccumulateGrad's
+        if leaf is not None and grad is not None:
+            handed.append((weakref.ref(leaf), grad.data_ptr()))
     generation = _generation()
     with _PENDING.lock:
         if _PENDING.generation != generation:
             _PENDING.generation, _PENDING.grads = generation, []
-        _PENDING.grads.append((edges, handed))
+        _PENDING.grads += handed
     return None
 
 
@@ -221,12 +226,11 @@ def _copy_stolen_grads() -> None:
     with _PENDING.lock:
         pending, _PENDING.grads = _PENDING.grads, []
     with torch.no_grad():
-        for edges, handed in pending:
-            for (node, _), pointer in zip(edges, handed):
-                leaf = getattr(node, "variable", None) if pointer else None  # AccumulateGrad's
-                grad = None if leaf is None else leaf.grad
-                if grad is not None and grad.data_ptr() == pointer:
-                    leaf.grad = grad.clone()
+        for ref, pointer in pending:
+            leaf = ref()
+            grad = None if leaf is None else leaf.grad
+            if grad is not None and grad.data_ptr() == pointer:
+                leaf.grad = grad.clone()
 
 
 class PlainOutputs:

@@ -26,6 +26,7 @@ sets of buffers live together (the stretch just before some buffer's last point)
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -136,14 +137,16 @@ def _orders(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, many: bool)
     return orders
 
 
-def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int | None = None,
+def solve(buffers: Sequence[Buffer], *, time_limit: float | None = 1.0, capacity: int | None = None,
           search_limit: int = 3000) -> Solution:
     """Offsets for ``buffers`` (returned, not written into them) and the resulting arena.
 
     Greedy first; then, if it is above ``capacity`` (default: the lower bound), the
     branch-and-bound search for up to ``time_limit`` seconds on problems of at most
     ``search_limit`` buffers: at the capacity itself, then (if that fails) at 2%, 5% and
-    10% above it. The result is the best placement found either way.
+    10% above it. The result is the best placement found either way. ``time_limit=None``:
+    no wall-clock limit, each search runs until it finds a placement or proves there is none,
+    so the answer does not depend on the machine's speed or load (tests).
     """
     n = len(buffers)
     if n == 0:
@@ -163,13 +166,13 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
         if best_arena <= target:
             break
     assert best is not None and best_arena is not None and best_order is not None
-    if best_arena <= target or n > search_limit or time_limit <= 0:
+    if best_arena <= target or n > search_limit or (time_limit is not None and time_limit <= 0):
         return Solution(best.tolist(), best_arena, "greedy", best_arena == bound)
     nodes = 0
     began = time.perf_counter()  # the quick search below spends the same time_limit
     if n <= PYTHON_GREEDY_MAX:
         quick = BranchAndBound(starts, ends, sizes, target, compiled=False, deadline=time.perf_counter()
-                               + min(PYTHON_SEARCH_SECONDS, 0.1 * time_limit))
+                               + min(PYTHON_SEARCH_SECONDS, 0.1 * (time_limit or math.inf)))
         found = quick.run()
         nodes = quick.nodes
         if found is not None:
@@ -185,7 +188,7 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
         capacity_now = int(target * factor)
         if capacity_now >= best_arena:
             continue
-        left = time_limit - (time.perf_counter() - began)
+        left = math.inf if time_limit is None else time_limit - (time.perf_counter() - began)
         if left <= 0:
             break
         search = BranchAndBound(starts, ends, sizes, capacity_now,
@@ -201,8 +204,8 @@ def solve(buffers: Sequence[Buffer], *, time_limit: float = 1.0, capacity: int |
         if factor == 1.0 and best_arena > int(target * 1.10):
             # greedy is more than 10% above and the search found nothing: improve its order
             best, best_arena = _improve_order(starts, ends, sizes, best_order, best, best_arena,
-                                              target, rounds=int(200 * time_limit),
-                                              deadline=time.perf_counter() + 0.15 * time_limit)
+                                              target, rounds=int(200 * (time_limit or 1.0)),
+                                              deadline=time.perf_counter() + 0.15 * (time_limit or math.inf))
     return Solution(best.tolist(), best_arena, best_method, best_arena == bound, nodes)
 
 
@@ -297,7 +300,7 @@ class BranchAndBound:
                 left = self.deadline - time.perf_counter()
                 if left <= 0:
                     return None
-                limit = budget if rate is None else min(budget, max(1000, int(rate * left)))
+                limit = budget if rate is None or left == math.inf else min(budget, max(1000, int(rate * left)))
                 keys = np.array(["WAT".index(c) for c in heuristic], dtype=np.int64)
                 began = time.perf_counter()
                 status, offsets, nodes = self._run_search(keys, limit)

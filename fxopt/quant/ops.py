@@ -18,15 +18,14 @@ Three kinds of op:
   Inductor's freezing passes rewrite a visible ``_int_mm -> mul -> mul`` into CPU-only
   oneDNN ops, and its fused per-token reduction is slow on wide rows (``fxopt.quant.int8_mm``).
 - ``int8_weight_only_linear``, ``int8_weight_only_swiglu`` and ``int4_weight_only_linear``
-  are ``torch.library.triton_op``s: on CUDA they launch Triton kernels that read the int8
-  (int4) weight and dequantize it in registers (no dequantized weight is ever written),
-  elsewhere they compute their reference definition, e.g.
-  ``F.linear(x, w.to(x.dtype)) * scale``. Under ``torch.compile`` AOTAutograd inlines
-  them, so Inductor compiles those kernels (or, on CPU, the reference's aten ops) into its
-  own generated code and launches them without a Python op call; ``torch.export`` keeps
-  them whole. The same function is their fake impl, with M symbolic where the graph is
-  dynamic (the kernel configuration then guards on M's bucket, see
-  ``fxopt.quant.int8_configs``). Gradients flow to the activation and the bias.
+  are *opaque* too (``torch.library.custom_op``): their CUDA implementation picks a kernel
+  at run time on the real row count (:mod:`fxopt.quant.routes`), so a graph compiled for a
+  dynamic M holds no guard on M and is never recompiled as M changes. (Until 2026-11 they
+  were ``triton_op``s that Inductor inlined; the kernel choice then happened while tracing,
+  guarded on M's bucket, and each new bucket recompiled the model: 3.4-6.5 s per new M on
+  an H200, and two callers meeting six sizes hit Dynamo's recompile limit.) Elsewhere they
+  compute their reference definition, e.g. ``F.linear(x, w.to(x.dtype)) * scale``;
+  ``torch.export`` keeps them whole. Gradients flow to the activation and the bias.
 
 Scales and zero points are stored already shaped to broadcast against the tensor they
 describe (``[]`` per tensor, ``[N, 1]`` per output channel of a ``[N, K]`` weight), so one
@@ -35,9 +34,8 @@ pair of quantize/dequantize ops covers per-tensor, per-channel and per-token sch
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-import logging
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +70,12 @@ def _define_kernel(schema: str, cpu, cuda, fake) -> None:
     declare_op(f"fxopt_quant::{name}", pure=True)
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported: asked once (a path search), not on every op call."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
                       scales: Tensor | None = None) -> str | None:
     """Why a weight-only op on ``x`` and the weight ``w`` computes its reference definition
@@ -84,9 +88,8 @@ def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
     - int4: K a multiple of ``group_size``, a power of two of at least 32 (the kernels read
       whole groups, half a group per ``tl.dot`` operand), and at most 256 rows of ``x``:
       above them a GEMM is bound by compute, where dequantizing the weight once and cuBLAS
-      win. The int8 kernels take every M: above 16 rows the reference is one of their
-      candidates (``fxopt.quant.int8_configs``), picked per M bucket where it measured
-      faster. The row count's bucket guards a graph compiled for dynamic M.
+      win. The int8 ops take every M: :mod:`fxopt.quant.routes` picks their kernel from the
+      real row count, inside the op.
     """
     if w.stride(-1) != 1:
         return f"weight strides {tuple(w.stride())}: the kernels read K with unit stride"
@@ -98,50 +101,33 @@ def weight_only_route(x: Tensor, w: Tensor, group_size: int | None = None,
             return f"group size {group_size} with K = {k}: the kernels take powers of two >= 32 dividing K"
     if x.device.type != "cuda":
         return f"{x.device.type} tensors (the Triton kernels run on CUDA)"
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "triton is not installed"
     if group_size is not None and int8_configs.m_bucket(x.numel() // max(k, 1)) == int8_configs.LARGE_M:
         return f"above {int8_configs.M_BUCKETS[-1]} rows the int4 op dequantizes and calls cuBLAS"
     return None
 
 
-class _QuietInThisThread(logging.Filter):
-    """Drops the records below ERROR that the thread which made it logs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread or record.levelno >= logging.ERROR
-
-
-def _triton_op(name: str):
-    """Define ``fxopt_quant::name`` with ``torch.library.triton_op``: the decorated function
-    is the op's implementation on every device *and* its fake impl, and under
-    ``torch.compile`` AOTAutograd inlines it, so Inductor sees the Triton kernels it
-    launches through ``torch.library.wrap_triton`` (on CUDA) or the aten ops of the
-    reference (elsewhere) and compiles them into its own code: no Python op call per launch.
-    ``torch.export`` keeps the op whole.
-
-    Registration inspects the function for Triton kernels (for AOTAutograd's cache key);
-    where triton is not installed that only logs a warning, silenced here for this thread
-    alone (the logger is process-wide: another thread's records pass as before). The kernels
-    sit behind a lazy import, so that inspection finds none either way.
-    """
+def _opaque_op(name: str, schema: str, fake):
+    """Define ``fxopt_quant::name`` as a ``torch.library.custom_op`` with ``fake`` as its fake
+    impl: ``torch.compile`` keeps the call whole and the decorated function, run on real
+    tensors, chooses its kernel from the real shapes (the module doc says why)."""
 
     def define(fn):
-        log = logging.getLogger("torch._library.triton")
-        quiet = _QuietInThisThread()
-        log.addFilter(quiet)
-        try:
-            op = torch.library.triton_op(f"fxopt_quant::{name}", mutates_args=())(fn)
-        finally:
-            log.removeFilter(quiet)
+        op = torch.library.custom_op(f"fxopt_quant::{name}", fn, mutates_args=(), schema=schema)
+        op.register_fake(fake)
         declare_op(f"fxopt_quant::{name}", pure=True)
         return op
 
     return define
+
+
+def _linear_fake(x: Tensor, w: Tensor, *rest) -> Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _swiglu_fake(x: Tensor, w: Tensor, *rest) -> Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0] // 2))
 
 
 def quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
@@ -259,25 +245,29 @@ _define_kernel("int8_scaled_mm(Tensor xq, Tensor w, Tensor x_scale, Tensor w_sca
                "ScalarType out_dtype) -> Tensor", int8_scaled_mm_reference, _scaled_mm_cuda, _scaled_mm_fake)
 _define_composite("int8_dynamic_linear(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor",
                   int8_dynamic_linear)
-@_triton_op("int8_weight_only_linear")
+_WEIGHT_ONLY_SCHEMA = "(Tensor x, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor"
+
+
+@_opaque_op("int8_weight_only_linear", _WEIGHT_ONLY_SCHEMA, _linear_fake)
 def _int8_weight_only_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
     if weight_only_route(x, w) is not None:
         return int8_weight_only_linear_reference(x, w, w_scale, bias)
-    from fxopt.quant import triton_kernels
+    from fxopt.quant import routes
 
-    return triton_kernels.int8_weight_only_linear(x, w, w_scale, bias)
+    return routes.int8_linear(x, w, w_scale, bias, gated=False)
 
 
-@_triton_op("int8_weight_only_swiglu")
+@_opaque_op("int8_weight_only_swiglu", _WEIGHT_ONLY_SCHEMA, _swiglu_fake)
 def _int8_weight_only_swiglu(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None) -> Tensor:
     if weight_only_route(x, w) is not None:
         return int8_weight_only_swiglu_reference(x, w, w_scale, bias)
-    from fxopt.quant import triton_kernels
+    from fxopt.quant import routes
 
-    return triton_kernels.int8_weight_only_swiglu(x, w, w_scale, bias)
+    return routes.int8_linear(x, w, w_scale, bias, gated=True)
 
 
-@_triton_op("int4_weight_only_linear")
+@_opaque_op("int4_weight_only_linear",
+            "(Tensor x, Tensor w, Tensor scales, int group_size, Tensor? bias) -> Tensor", _linear_fake)
 def _int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: int,
                              bias: Tensor | None) -> Tensor:
     if weight_only_route(x, w, group_size, scales) is not None:

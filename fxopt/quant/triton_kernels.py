@@ -43,10 +43,11 @@ gate's and the up projection's rows of one ``[2N, K]`` weight and stores
 int4 (``int4_weight_only_linear``): a GEMV at M = 1 that reads several groups of K per
 iteration (one scale each), and the swap-AB GEMM with one group per iteration above.
 
-Every launch goes through ``torch.library.wrap_triton``: the ops that call these functions
-are ``triton_op``s (:mod:`fxopt.quant.ops`), so under ``torch.compile`` each launch becomes a
-node that Inductor compiles into its own code, and M may be symbolic there: it enters only
-grids and runtime arguments, and the configuration comes from M's bucket.
+The ops that call these functions (:mod:`fxopt.quant.ops`) are opaque custom ops: every
+launch happens on real tensors with a concrete M, and :mod:`fxopt.quant.routes` sends a
+bf16/fp16 activation of up to a few thousand rows to the int8 tensor cores instead
+(:func:`fxopt.quant.int8_mm.two_term_linear`): these kernels serve fp32 activations, int4
+weights, and the tuner's comparisons.
 
 This module imports triton: it is loaded only by the CUDA implementations of the weight-only
 ops (and by tests in Triton's interpreter).
@@ -61,7 +62,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch._library.triton import set_wrap_triton_enabled
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fxopt.quant import int8_configs
@@ -224,13 +224,6 @@ def _splitk_reduce(p_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.cons
             False)
 
 
-def _traced(kernel):
-    """``kernel`` as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` traced by
-    ``torch.compile`` the launch becomes a node Inductor compiles into its own code; in eager
-    calls (where the op switches wrapping off) it is the kernel itself."""
-    return torch.library.wrap_triton(kernel)
-
-
 def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None,
              y: Tensor, gated: bool = False) -> None:
     """Launch ``kind`` with ``config``: ``y[M, N] = (x2d @ w.T) * scale + bias``, or with
@@ -252,13 +245,13 @@ def run_int8(kind: str, config: Config, x2d: Tensor, w: Tensor, scale: Tensor, b
             "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_n = triton.cdiv(n, config.block_n)
     if kind == "gemv":
-        _traced(_gemv)[(grid_n, split)](*args, BLOCK_M=int8_configs.m_bucket(m), **meta)
+        _gemv[(grid_n, split)](*args, BLOCK_M=int8_configs.m_bucket(m), **meta)
     else:
         precision = "ieee" if x2d.dtype == torch.float32 else "tf32"
-        _traced(_gemm)[(grid_n * triton.cdiv(m, config.block_m), split)](
+        _gemm[(grid_n * triton.cdiv(m, config.block_m), split)](
             *args, PRECISION=precision, BLOCK_M=config.block_m, GROUP_N=8, SWAP_AB=config.swap_ab, **meta)
     if split > 1:
-        _traced(_splitk_reduce)[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
+        _splitk_reduce[(triton.cdiv(m * n, 1024),)](part, scale, b, y, m, n, y.stride(0), split,
                                                              HAS_BIAS=bias is not None, BLOCK=1024)
 
 
@@ -335,7 +328,7 @@ def tuned_config(x2d: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None, y: 
         def timed(candidate: Candidate, reps: int) -> float | None:
             operands = _timing_operands(m, bucket, w, k, x2d.dtype, bias is not None, gated)
             try:
-                with _disable_current_modes(), set_wrap_triton_enabled(False):
+                with _disable_current_modes():
                     t = _time_ms(lambda: launch(candidate, *operands, gated), x2d.device, reps)
             except triton.runtime.errors.OutOfResources:
                 return None
@@ -521,10 +514,10 @@ def int4_weight_only_linear(x: Tensor, w: Tensor, scales: Tensor, group_size: in
     meta = config or default
     args = (x2d, w, scales, b, y, m, n, k, x2d.stride(0), w.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
-        _traced(_gemv_int4)[(triton.cdiv(n, meta["BLOCK_N"]), m)](
+        _gemv_int4[(triton.cdiv(n, meta["BLOCK_N"]), m)](
             *args, HAS_BIAS=bias is not None, GROUP=group_size, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        _traced(_gemm_int4)[(triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),)](
+        _gemm_int4[(triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]),)](
             *args, HAS_BIAS=bias is not None, PRECISION=precision, GROUP=group_size, **meta)
     return y.reshape(*lead, n)

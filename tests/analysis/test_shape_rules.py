@@ -463,7 +463,7 @@ def test_rules_take_every_common_call(family: str) -> None:
     assert common >= 10, f"only {common} common {family} calls drawn"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_rules_agree_with_fake_tensor_propagation_on_cuda(family: str) -> None:
     """On CUDA torch picks other kernels (cuDNN convolutions, whose layout follows the

@@ -1,4 +1,4 @@
-"""bench/gpu_zoo.py measures what its columns claim.
+"""The bench harness's baselines and bench/gpu_zoo.py measure what their columns claim.
 
 Session 6's zoo reported a "reduce-overhead + freezing" column that ran unfrozen code, and
 the issue-30 figures had to call the resulting ratios upper bounds. The harness now records,
@@ -7,21 +7,14 @@ against what Dynamo really handed Inductor, on CPU, and that the profile sorts r
 kernel names into the kinds it reports.
 """
 
-import importlib.util
-import pathlib
-
+import harness
 import pytest
 import torch
 
-ZOO = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_zoo.py"
-
 
 @pytest.fixture(scope="module")
-def zoo():
-    spec = importlib.util.spec_from_file_location("gpu_zoo", ZOO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def zoo(bench_script):
+    return bench_script("gpu_zoo")
 
 
 class Affine(torch.nn.Module):
@@ -64,12 +57,14 @@ def test_the_freezing_option_alone_is_reported_unfrozen(zoo):
     torch._dynamo.reset()
     stats = {}
     try:
-        fn, _ = zoo._inductor(model, stats, None, options={"freezing": True})
+        fn, _ = harness.observed_inductor(model, stats, options={"freezing": True})
         with torch.no_grad():
             torch.testing.assert_close(fn(x), model(x))
     finally:
         torch._dynamo.reset()
-    assert zoo.frozen_summary("inductor_freezing", stats)["frozen"] is False
+    summary = harness.frozen_summary("inductor_freezing", stats)
+    assert summary["frozen"] is False
+    assert "was not frozen" in harness.not_frozen("inductor_freezing", summary)
     assert stats["graphs"][0]["param_inputs"] == 2
     assert stats["graphs"][0]["freezing_option"] is True
 
@@ -113,12 +108,9 @@ def test_ratio_is_against_the_fastest_mode_and_flags_a_missing_one(zoo):
 
 
 @pytest.fixture
-def serving_seq(zoo, monkeypatch):
+def serving_seq(zoo, bench_script, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "gpu_zoo", zoo)  # its `from gpu_zoo import ...`
-    spec = importlib.util.spec_from_file_location("serving_seq", ZOO.with_name("serving_seq.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("serving_seq")
 
 
 def test_sequence_serving_ratio_per_length_names_the_modes_it_beat(serving_seq):

@@ -27,9 +27,10 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, 32))
 
 
-def _compile(model, **kwargs):
+def _compile(model, training_too: bool = False, **kwargs):
     reports = []
-    return torch.compile(model, backend="fxopt", options={"reports": reports}, **kwargs), reports
+    options = {"reports": reports, "sdpa_in_training": training_too}
+    return torch.compile(model, backend="fxopt", options=options, **kwargs), reports
 
 
 def _replaced(reports):
@@ -50,7 +51,7 @@ def test_symbolic_attention_runs_sdpa_at_run_time_with_eager_results(masked):
                for r in reports)
 
 
-def test_static_sizes_dropout_and_training_keep_torch_sdpa():
+def test_static_sizes_and_dropout_keep_torch_sdpa():
     with torch.no_grad():  # static sizes: Inductor's choice is eager's
         compiled, reports = _compile(Attention().eval(), dynamic=False)
         compiled(torch.randn(2, 6, 32))
@@ -60,7 +61,7 @@ def test_static_sizes_dropout_and_training_keep_torch_sdpa():
         compiled(torch.randn(2, 6, 32))  # a random draw stays in the graph
         assert reports and not _replaced(reports)
     torch._dynamo.reset()
-    model = Attention()  # training: the op has no backward, the pass is inference-only
+    model = Attention(dropout_p=0.25)  # training: the op's backward could not draw the same mask
     compiled, reports = _compile(model, dynamic=True)
     compiled(torch.randn(2, 6, 32)).sum().backward()
     assert reports and not _replaced(reports)
@@ -91,8 +92,59 @@ def test_op_matches_sdpa_and_its_fake_declares_the_real_layout(case):
     with FakeTensorMode() as mode:
         fake = torch.ops.fxopt.sdpa(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     assert fake.shape == out.shape and fake.dtype == out.dtype
-    assert [s for n, s in zip(out.shape, out.stride()) if n > 1] == \
-        [s for n, s in zip(fake.shape, fake.stride()) if n > 1]
+    assert _strides(fake) == _strides(out)
+    if q.dim() == 3:  # no fused kernel takes 3-d inputs: SDPA's math path, on every device
+        assert _strides(fake) == _strides(expected)
+
+
+def _strides(t):
+    """Strides of the dimensions longer than 1 (a size-1 dimension's stride addresses nothing)."""
+    return [s for n, s in zip(t.shape, t.stride()) if n > 1]
+
+
+#: (q, k, v) [B, H, L, E] shapes where every fused CUDA kernel applies
+FUSED = [((2, 4, 9, 16), (2, 4, 11, 16), (2, 4, 11, 16)), ((1, 2, 7, 8), (1, 2, 7, 8), (1, 2, 7, 8))]
+
+
+def _as_projections(shape, make):
+    """A [B, H, L, E] tensor laid out as a transformer's projections make it: a view of
+    [B, L, H, E] memory."""
+    b, h, length, e = shape
+    return make((b, length, h, e)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shapes", FUSED)
+def test_the_fixed_layout_is_what_the_fused_cuda_kernels_declare(shapes):
+    """The op's fake strides against torch's own declarations (meta kernels) of what flash,
+    memory-efficient and cuDNN attention write on CUDA, for projection-laid inputs; runs on a
+    CPU (fake CUDA tensors: nothing is launched). A wrong fixed layout costs a copy per call."""
+    mode = FakeTensorMode()
+
+    def fake_cuda(shape):
+        meta = torch.empty(shape, dtype=torch.float16, device="meta")
+        return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cuda", 0))
+
+    with mode:
+        q, k, v = (_as_projections(shape, fake_cuda) for shape in shapes)
+        ours = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
+        kernels = {"flash": torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0],
+                   "efficient": torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False)[0],
+                   "cudnn": torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False)[0]}
+    for name, out in kernels.items():
+        assert _strides(ours) == _strides(out), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shapes", FUSED)
+def test_the_fixed_layout_is_what_sdpa_writes_on_cuda(shapes):
+    """The same against the kernels themselves: SDPA's output on the GPU, half precision,
+    projection-laid inputs, is returned as it is (no copy)."""
+    q, k, v = (_as_projections(shape, lambda s: torch.randn(s, device="cuda", dtype=torch.float16))
+               for shape in shapes)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fxopt.sdpa(*(mode.from_tensor(t) for t in (q, k, v)), None, 0.0, False, None, False)
+    assert _strides(fake) == _strides(expected)
 
 
 def test_graph_without_recorded_values_is_left_alone():
@@ -112,3 +164,198 @@ def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_
     assert dense_key_axis(broadcast_heads) is broadcast_heads
     one_key = torch.rand(2, 1, 6, 1)
     assert dense_key_axis(one_key) is one_key and dense_key_axis(None) is None
+
+
+# --- training: the op's backward -------------------------------------------------------
+
+
+class Block(nn.Module):
+    """Two BERT-like layers over [batch, length, 32], 4 heads, sharing one mask: a padding
+    mask broadcast along the queries (as Hugging Face builds it), one broadcast along the keys
+    (``mask[..., None].expand``), or a learned additive bias (a float mask that needs grad)."""
+
+    def __init__(self, mask: str):
+        super().__init__()
+        self.layers = nn.ModuleList(Attention() for _ in range(2))
+        self.mask = mask
+        self.bias = nn.Parameter(torch.randn(4, 16, 16) * 0.5)
+
+    def forward(self, x, keep):
+        b, s, _ = x.shape
+        if self.mask == "padding":
+            mask = keep.view(b, 1, 1, s).expand(b, 1, s, s)
+        elif self.mask == "key broadcast":
+            mask = keep.view(b, 1, s, 1).expand(b, 1, s, s)
+        else:
+            mask = self.bias[:, :s, :s]
+        for layer in self.layers:
+            q, k, v = layer.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+            x = torch.tanh(x + layer.out(y.transpose(1, 2).reshape(b, s, 32)))
+        return x
+
+
+def _grads(model, x, keep):
+    x = x.clone().requires_grad_()
+    loss = (model(x, keep) * torch.linspace(-1, 1, x.shape[-1], device=x.device, dtype=x.dtype)).sum()
+    loss.backward()
+    grads = {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), x.grad, grads
+
+
+def test_by_default_training_graphs_keep_torchs_attention():
+    """Until the op's backward has run on a GPU, training graphs keep torch's call (the
+    option ``sdpa_in_training`` opts in)."""
+    model = Block("padding")
+    compiled, reports = _compile(model, dynamic=True)
+    for length in (5, 12):
+        x = torch.randn(3, length, 32)
+        _grads(compiled, x, torch.ones(3, length, dtype=torch.bool))
+    training = [r for r in reports if r.training]
+    assert training and all("torch.ops.fxopt.sdpa.default" not in r.code for r in training)
+
+
+@pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
+def test_training_with_a_symbolic_length_runs_the_op_and_its_gradients_are_eager_sdpa(mask):
+    model = Block(mask)
+    compiled, reports = _compile(model, training_too=True, dynamic=True)
+    for length in (5, 12, 7):
+        x = torch.randn(3, length, 32)
+        keep = torch.rand(3, length) > 0.3
+        keep[:, 0] = True  # no row without a key to attend to
+        loss, dx, grads = _grads(compiled, x, keep)
+        want_loss, want_dx, want = _grads(model, x, keep)
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dx, want_dx, rtol=1e-4, atol=1e-5)
+        assert grads.keys() == want.keys() and ("bias" in want) == (mask == "learned bias")
+        for name in want:
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+    training = [r for r in reports if r.training]
+    assert training and all(r.code.count("torch.ops.fxopt.sdpa.default") == 2 and
+                            "scaled_dot_product_attention(" not in r.code for r in training)
+    # a mask broadcast along the keys is copied dense once, for both layers
+    assert all(r.code.count(".contiguous()") == (mask == "key broadcast") for r in training)
+
+
+def test_a_mask_written_in_place_or_replaced_between_calls_is_read_anew():
+    model = Block("key broadcast").eval()
+    compiled, _ = _compile(model, dynamic=True)
+    x = torch.randn(2, 6, 32)
+    keep = torch.rand(2, 6) > 0.5
+    keep[:, 0] = True
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x, keep), model(x, keep), rtol=1e-5, atol=1e-5)
+            keep[:, 1:] = ~keep[:, 1:]  # in place: the same tensor, other values
+        other = torch.ones(2, 6, dtype=torch.bool)
+        torch.testing.assert_close(compiled(x, other), model(x, other), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_op_backward_is_sdpa_backward(case):
+    spec = CASES[case]
+    inputs = [torch.randn(spec[n], dtype=torch.double, requires_grad=True) for n in "qkv"]
+    mask = spec["mask"]() if "mask" in spec else None
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double().requires_grad_()
+        inputs.append(mask)
+    options = (0.0, spec.get("is_causal", False), spec.get("scale"), spec.get("enable_gqa", False))
+    args = (*inputs[:3], mask, *options)
+    torch.library.opcheck(torch.ops.fxopt.sdpa.default, args)
+    out = torch.ops.fxopt.sdpa(*args)
+    grad = torch.randn_like(out)
+    expected = F.scaled_dot_product_attention(*inputs[:3], attn_mask=mask, is_causal=options[1], scale=options[2],
+                                              enable_gqa=options[3])
+    for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(expected, inputs, grad),
+                         strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_op_backward_returns_the_layout_its_fake_declares():
+    q, k, v = (torch.randn(2, 7, 4, 8).transpose(1, 2).requires_grad_() for _ in range(3))  # [B, L, H, E] memory
+    mask = torch.randn(2, 1, 7, 1).expand(2, 1, 7, 7).requires_grad_()
+    args = (q, k, v, mask, 0.0, False, None, False, [True, True, True, True])
+    grads = torch.ops.fxopt.sdpa_backward(torch.randn(2, 4, 7, 8), *args)
+    with FakeTensorMode() as mode:
+        fakes = torch.ops.fxopt.sdpa_backward(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                                                for a in (torch.randn(2, 4, 7, 8), *args)))
+    assert [(g.shape, g.stride()) for g in grads] == [(f.shape, f.stride()) for f in fakes]
+    assert grads[0].stride() == q.stride() and grads[3].is_contiguous()
+
+
+def test_op_refuses_a_backward_with_dropout():
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="dropout"):
+        torch.ops.fxopt.sdpa(q, k, v, None, 0.1, False, None, False)
+    with torch.no_grad():  # no backward: nothing to refuse
+        assert torch.ops.fxopt.sdpa(q, k, v, None, 0.1, False, None, False).shape == (1, 2, 4, 8)
+
+
+def _errors(got, want):
+    """Relative L2 error of each gradient (``x`` and the parameters') in ``got`` against ``want``."""
+    (_, dx, grads), (_, want_dx, wanted) = got, want
+    pairs = {"x": (dx, want_dx), **{n: (grads[n], wanted[n]) for n in wanted}}
+    return {n: ((g.float() - w).norm() / w.norm()).item() for n, (g, w) in pairs.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
+def test_gpu_bf16_training_gradients_are_as_close_to_fp32_as_eager_bf16(mask):
+    """On CUDA the op runs the fused kernels in bf16; its gradients must be as close to an
+    fp32 reference as eager bf16 SDPA's are (within 2x their error, plus a floor)."""
+    torch.manual_seed(0)
+    reference = Block(mask).cuda()
+    model = Block(mask).cuda().to(torch.bfloat16)
+    model.load_state_dict(reference.state_dict())
+    compiled, reports = _compile(model, training_too=True, dynamic=True)
+    for length in (16, 13, 9):
+        x = torch.randn(4, length, 32, device="cuda")
+        keep = torch.rand(4, length, device="cuda") > 0.3
+        keep[:, 0] = True
+        want = _grads(reference, x, keep)
+        ours, eager = (_errors(_grads(fn, x.bfloat16(), keep), want) for fn in (compiled, model))
+        for name, err in eager.items():
+            assert ours[name] <= 2 * err + 1e-2, (length, name, ours[name], err)
+    assert any(r.training and "torch.ops.fxopt.sdpa.default" in r.code for r in reports)
+
+
+@pytest.mark.gpu
+def test_gpu_training_with_a_symbolic_length_runs_fused_attention_forward_and_backward():
+    """The point of the op: at run time, forward and backward are fused SDPA kernels (flash,
+    memory-efficient or cuDNN), not the math decomposition's matrix products."""
+    model = Block("padding").cuda().to(torch.bfloat16)
+    # plain launches: a replayed CUDA graph would run no ATen op for the profiler to see
+    compiled = torch.compile(model, backend="fxopt", options={"cuda_graphs": False, "sdpa_in_training": True},
+                             dynamic=True)
+    for length in (24, 40):  # the second length runs the symbolic graph compiled at the first
+        x = torch.randn(2, length, 32, device="cuda", dtype=torch.bfloat16)
+        keep = torch.rand(2, length, device="cuda") > 0.2
+        keep[:, 0] = True
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            _grads(compiled, x, keep)
+    names = {e.key for e in prof.key_averages()}
+    fused = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_cudnn_attention")
+    assert any(n in names for n in fused), sorted(names)
+    assert any(f"{n}_backward" in names for n in fused), sorted(names)
+
+
+def test_an_output_already_in_the_fixed_layout_is_returned_without_a_copy(monkeypatch):
+    """SDPA's own output is returned where its strides are the fixed layout's (3-d inputs:
+    contiguous), and only there (4-d: a copy where the CPU kernel wrote [B, H, L, E] memory,
+    as torch 2.13's does)."""
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(sdpa(*args, **kwargs))
+        return made[-1]
+
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(3, 6, 8), torch.randn(3, 10, 8), torch.randn(3, 10, 4)
+    assert torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False) is made[-1]
+    q, k, v = (torch.randn(2, 4, n, 8) for n in (9, 11, 11))
+    out = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
+    assert (out is made[-1]) == (_strides(made[-1]) == _strides(out)) and torch.equal(out, made[-1])

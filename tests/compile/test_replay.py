@@ -18,7 +18,7 @@ import fxopt
 from fxopt.compile.replay import ShapeBook, ShapeCache, describe, refusal, signature
 from fxopt.errors import PassOptionError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 def traced(module, *shapes, device="cuda"):

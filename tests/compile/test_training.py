@@ -18,7 +18,7 @@ from fxopt.compile.freezing import work_copy
 from fxopt.compile.training import PlainOutputs, fresh_outputs, refusal, training_route
 from fxopt.errors import PassOptionError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 def make_fx_graph(fn, *shapes, device="cuda"):
@@ -141,12 +141,10 @@ def test_around_aot_autograd_the_gradients_handed_to_grad_are_the_ones_the_hook_
         x = torch.randn(5, 6)
         _loss(compiled(x)).backward()
         _loss(eager(x)).backward()
-        noted = {}
-        for edges, handed in training._PENDING.grads:
-            noted.update({id(node): ptr for (node, _), ptr in zip(edges, handed) if node is not None})
+        noted = {id(leaf()): ptr for leaf, ptr in training._PENDING.grads}
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
-            assert noted[id(torch.autograd.graph.get_gradient_edge(p).node)] == p.grad.data_ptr()
+            assert noted[id(p)] == p.grad.data_ptr()
         for m in (model, eager):
             m.zero_grad(set_to_none=True)
 
@@ -418,6 +416,32 @@ def test_gradients_never_reach_the_caller_in_the_pool(monkeypatch):
     loss.backward()  # accumulates into the copy; the pool's buffer is overwritten
     torch.testing.assert_close(w.grad, 3 * x)
     torch.testing.assert_close(got, x)
+
+
+def test_a_dropped_models_stolen_gradients_are_neither_kept_nor_touched(monkeypatch):
+    """A gradient stolen into ``.grad`` is noted, for a copy before a later generation's
+    replay, only as long as its leaf lives: a model dropped after its last step (a test's,
+    a finished run's) is not kept alive, with its gradients in the pool, by that note, and
+    the next replayed graph's call, of another model (after ``torch._dynamo.reset()`` tore
+    the old trees down), does not reach into it."""
+    import gc
+    import weakref
+
+    from fxopt.compile import training
+
+    generation = [0]
+    monkeypatch.setattr(training, "_generation", lambda: generation[0])
+    w = torch.randn(3, requires_grad=True)
+    pool = _Pool()
+    PlainOutputs(pool, [True])(w, torch.randn(3))[0].backward()
+    assert w.grad.data_ptr() == pool.pointer()  # stolen into .grad, and noted
+    dropped = weakref.ref(w)
+    del w
+    gc.collect()
+    assert dropped() is None
+    generation[0] += 1
+    fresh, = PlainOutputs(lambda x: [x * 2], [True])(torch.ones(2))
+    assert torch.equal(fresh, torch.full((2,), 2.0)) and not training._PENDING.grads
 
 
 def test_what_the_backward_hook_calls_is_imported_before_any_backward():

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import loops_harness
-from .loops_harness import Case, Mlp, check_case, replayed
+from .loops_harness import Case, GraphCalls, Mlp, check_case, replayed
 
 #: whether the backend replays the case's training graphs (True), or runs them plainly and
 #: says why in the report (False): the backend's call, one line per case
@@ -291,7 +291,7 @@ CASES = {
 ON_CPU = ("model_only", "whole_step", "outputs_kept_across_steps", "dropout_as_eager_draws",
           "no_grad_eval_between_steps", "autograd_grad")
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 @cuda
@@ -439,6 +439,19 @@ def test_the_harness_fails_a_compile_that_is_not_the_plain_loop(monkeypatch, mut
     monkeypatch.setattr(loops_harness, "compile_target", lambda target, options: mutant(target))
     with pytest.raises(AssertionError, match=complaint):
         check_case(CASES["model_only"], "cpu", expect_replay=False)
+
+
+def test_the_harness_counts_graph_launches_and_captures_by_their_runtime_calls():
+    """The counter on any machine: profiler events named as the CUDA runtime's calls are
+    counted, launches and captures apart (ranges of that name stand in for the runtime's
+    own here). On a CPU no graph launches, so the test below passes with a counter that
+    never counts; this one does not."""
+    calls = GraphCalls()
+    with calls.counting():
+        for name in ["cudaGraphLaunch", "cudaStreamBeginCapture", "cudaGraphLaunch", "cudaGraphLaunch"]:
+            with torch.profiler.record_function(name):
+                pass
+    assert (calls.launches, calls.captures) == (3, 1)
 
 
 def test_the_harness_fails_a_replay_expected_but_not_launched(monkeypatch):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fxopt
 from fxopt.errors import PassOptionError
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu
 
 
 class Bottleneck(nn.Module):
@@ -112,16 +112,22 @@ def step(model_name, budget):
             "buffers": [b.clone() for b in model.buffers()], "rng": rng, "reports": reports}
 
 
-def test_each_budget_saves_activations_in_order_of_the_budget():
+def test_each_budget_saves_activations_near_the_budget():
+    """0.3 and 0.7 each save bytes near their budget, so they cannot share a partition.
+
+    Upper bounds: a run stops at its first partition that fits, at budget x the stock
+    partition's bytes; 0.1 of slack for what Inductor saves in buffers of its own layout.
+    Lower bounds, from how a run gets there: the 0.7 run stops after the round that first
+    fits; that round's first pick (freed at the peak, cheapest per byte) is the stem
+    convolution's output, about 0.37 of the bytes, more than the 0.3 that round needs, so
+    the round ends with it and about 0.63 remains; the min-cut may recompute more around it
+    (torch 2.11's saves less than 2.13's for 0.5): 0.5 bounds that. The 0.3 run cannot go
+    below what is never recomputed: the max-pool's int64 indices alone are about 0.18.
+    0.5 is left out: on torch 2.11 its partition already fits 0.3."""
     full = step("resnet", None)["saved"]
-    saved = {b: step("resnet", b)["saved"] for b in (0.3, 0.5, 0.7)}
-    for budget, got in saved.items():
-        # the budget bounds the saved bytes at budget x those without it; 0.1 of slack for
-        # what Inductor saves in buffers of its own layout
-        assert got <= (budget + 0.1) * full, (budget, got, full)
-    # a smaller budget never saves more; two budgets may share a partition (on torch 2.11 the
-    # partition found for 0.5 already fits 0.3)
-    assert saved[0.3] <= saved[0.5] <= saved[0.7] < full, saved
+    saved = {b: step("resnet", b)["saved"] for b in (0.3, 0.7)}
+    assert 0.15 * full <= saved[0.3] <= 0.4 * full, (saved, full)
+    assert 0.5 * full <= saved[0.7] <= 0.8 * full, (saved, full)
     assert all(r.fallback is None for b in saved for r in step("resnet", b)["reports"])
 
 

@@ -164,12 +164,14 @@ def load_minimalloc(name: str) -> list[Buffer]:
     return [Buffer(r["id"], int(r["lower"]), int(r["upper"]) - 1, int(r["size"])) for r in rows]
 
 
-# the instances the search places within about a second here; the others take 2-5 s
+# the instances the search places within about a second here; the others take 2-5 s. No
+# wall-clock limit: under load (numba's first compile counts against it too) a 60 s limit
+# once ran out on B and returned greedy's placement, over capacity
 @pytest.mark.parametrize("name", [
     *"BCGJK", *(pytest.param(name, marks=pytest.mark.slow) for name in "ADEFHI")])
 def test_minimalloc_instances_fit_their_capacity(name):
     buffers = load_minimalloc(name)
-    solution = solve(buffers, capacity=1048576, time_limit=60)
+    solution = solve(buffers, capacity=1048576, time_limit=None)
     for b, offset in zip(buffers, solution.offsets, strict=True):
         b.offset = offset
     verify_placement(buffers, capacity=1048576)
@@ -331,7 +333,7 @@ def test_arena_run_with_scalar_first_operands_and_broadcasts():
     assert "sub" in runner.unplanned
 
 
-_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", _DEVICES)

@@ -13,9 +13,7 @@ import fxopt  # noqa: F401 - registers backend="fxopt"
 import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
 from fxopt.compile import gemm_gelu
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu
 
 #: (M, K, N): ConvNeXt-T's four MLP fc1 at batch 32, ViT-B/16's at batch 32, BERT-base's at
 #: batch 8 and sequence 128/256/384

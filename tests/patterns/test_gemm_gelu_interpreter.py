@@ -2,9 +2,8 @@
 (``TRITON_INTERPRET=1 pytest tests/patterns/test_gemm_gelu_interpreter.py``): ragged M, N
 and K, with and without bias, strided activations and weights, several tile shapes.
 
-Skipped where triton is not installed (CI's CPU torch has none), under numpy >= 2.3 (the
-interpreter of triton 3.6 fails there) and on a GPU machine (test_gemm_gelu_gpu.py runs
-the kernel itself there). The interpreter computes bf16 ``tl.dot`` wrongly, so the kernel
+Run in a child process by tests/test_triton_interpreter.py (see tests/triton_interpreter.py),
+wherever triton is installed (test_gemm_gelu_gpu.py also runs the kernel on a GPU). The interpreter computes bf16 ``tl.dot`` wrongly, so the kernel
 is checked in fp16 and fp32 here; bf16 on the GPU.
 """
 

@@ -50,6 +50,8 @@ from __future__ import annotations
 
 import collections
 import operator
+import subprocess
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
@@ -1444,6 +1446,22 @@ def test_replace_pattern_meta_copy_skips_registered_aten_fake():
 
 
 def test_replace_pattern_meta_copy_skips_python_dispatch_overrides():
+    """The checks of :func:`_check_meta_copy_skips_python_dispatch_overrides`, in a child
+    process: overriding ``aten::neg``'s Meta kernel outlives the scoped library that made it
+    where ``neg`` had not run under a fake mode before (FakeTensor's ``neg`` then returns its
+    input for the rest of the process), and no test may leave the process changed."""
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('suite', {__file__!r})\n"
+            "suite = importlib.util.module_from_spec(spec)\n"
+            "sys.modules['suite'] = suite\n"
+            "spec.loader.exec_module(suite)\n"
+            "suite._check_meta_copy_skips_python_dispatch_overrides()\n"
+            "print('checked')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.split()[-1:] == ["checked"], out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def _check_meta_copy_skips_python_dispatch_overrides():
     calls = 0
 
     def evil(*args, **kwargs):

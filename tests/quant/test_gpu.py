@@ -1,9 +1,9 @@
-"""The weight-only ops on a CUDA GPU (skipped elsewhere): their Triton kernels eagerly and
-compiled into Inductor's code, for static and dynamic M, against the dequantized reference."""
+"""The weight-only ops on a CUDA GPU (skipped elsewhere): every route the ops take
+(:mod:`fxopt.quant.routes`: two int8 terms on the int8 tensor cores, dequantize + cuBLAS, the
+mixed-input Triton kernels) eagerly and compiled, against float32 references, and one
+compiled graph for every M."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
@@ -16,10 +16,8 @@ from fxopt.quant.accuracy import sqnr
 from fxopt.quant.formats import pack_int4, unpack_int4
 from fxopt.quant.ops import ops
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
-from torch._inductor.utils import run_and_get_code  # noqa: E402
 
 
 def _int8(rows: int, k: int):
@@ -28,13 +26,34 @@ def _int8(rows: int, k: int):
     return w, s, w.float() * s[:, None]
 
 
-#: bf16 through every M bucket; the other dtypes through two (each bucket is one compile)
-CASES = [(gated, torch.bfloat16, (1, 2, 5, 16, 40, 300, 1030)) for gated in (False, True)] + [
-    (gated, dtype, (5, 40)) for gated in (False, True) for dtype in (torch.float16, torch.float32)]
+#: a serving order of row counts, decode first, crossing every route's edges
+SERVING_ORDER = (1, 2, 5, 16, 17, 40, 300, 1030, 1536, 1537, 3000, 7)
 
 
-@pytest.mark.parametrize("gated,dtype,ms", CASES)
-def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype, ms):
+def _compiled_once(fn):
+    """``fn`` compiled with fullgraph, and the list of the graphs Dynamo handed to Inductor."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def inductor(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=inductor, fullgraph=True), graphs
+
+
+def _unbacked(x):
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    return x
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_int8_compiles_once_for_every_m(gated, dtype):
+    """One Inductor graph across the serving order (the op picks its route at run time),
+    every result within 35 dB of the float32 product of the dequantized weight."""
     n, k = 96, 512
     w, s, wf = _int8(2 * n if gated else n, k)
     bias = torch.randn(w.shape[0], device="cuda", dtype=dtype)
@@ -44,28 +63,24 @@ def test_int8_weight_only_compiles_into_inductor_code_for_every_m(gated, dtype, 
         out = F.linear(x.float(), wf, bias.float())
         return F.silu(out[:, :n]) * out[:, n:] if gated else out
 
-    compiled = torch.compile(lambda x: op(x, w, s, bias), fullgraph=True, dynamic=True)
+    compiled, graphs = _compiled_once(lambda x: op(x, w, s, bias))
     with torch.no_grad():
-        _, codes = run_and_get_code(compiled, torch.randn(3, k, device="cuda", dtype=dtype))
-        for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=dtype)
+        for m in SERVING_ORDER:
+            x = _unbacked(torch.randn(m, k, device="cuda", dtype=dtype))
             expected = reference(x)
             assert sqnr(expected, op(x, w, s, bias)) > 35, m
             assert sqnr(expected, compiled(x)) > 35, m
-    code = "\n".join(codes)
-    assert not re.search(r"fxopt_quant\.\w+\(", code)  # no Python op call left
-    assert "_gemv" in code or "_gemm" in code  # fxopt's kernels, compiled into the wrapper
-    assert "clone" not in code  # the weight is read where it is, never copied
+    assert len(graphs) == 1
 
 
-#: one M per bucket and its edges, 1 .. 4096 (int8_configs.m_bucket)
-EVERY_M = (1, 2, 3, 16, 17, 32, 64, 100, 128, 256, 257, 512, 1024, 2048, 4096)
+#: one M per route and bucket and their edges, 1 .. 4096
+EVERY_M = (1, 2, 3, 16, 17, 32, 64, 100, 128, 256, 257, 512, 1024, 1536, 1537, 2048, 4096)
 
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_int8_numerics_at_every_m_bucket_by_default(gated):
-    """The default route at every M (decode GEMV, swap-AB GEMM, above 256 rows the GEMM or
-    whatever the shipped table picks) against float32 math: >= 35 dB against the dequantized
+    """The default route at every M (two int8 terms up to the crossover, dequantize + cuBLAS
+    above) against float32 math: >= 35 dB against the dequantized
     weight (the kernels are exact up to bf16 rounding), >= 26 dB against the unquantized
     Gaussian weight (the issue's accuracy floor)."""
     n, k = 352, 1024  # N not a multiple of the wide tiles
@@ -105,28 +120,37 @@ def test_every_large_m_candidate_on_the_gpu(gated):
         assert sqnr(expected, fn(x, w, s, bias, kernel=kernel, config=config)) > 35, (kernel, config)
 
 
-@pytest.mark.parametrize("by_shape", ["gemm", "reference"])
-def test_above_256_rows_the_choice_by_shape_reaches_inductors_code(by_shape, monkeypatch):
-    """M > 256 on a shape without a table entry: fxopt's mixed-input GEMM compiled into
-    Inductor's code (no weight-sized dequantization, no cuBLAS), or with the switch set to
-    the reference, no fxopt kernel at all (the dequantized product is Inductor's to lower:
-    on an H100 it did not call ``extern_kernels.mm`` for this small N); the same numbers
-    either way."""
-    from fxopt.quant import int8_configs, triton_kernels
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("route", ["two_term", "reference", "weight_only"])
+def test_each_route_on_ragged_shapes(route, gated):
+    """Each route forced (whatever the crossover says) on M, N and K that are multiples of
+    no tile, with a bias, bf16: the same numbers as float32 math on the dequantized weight."""
+    from fxopt.quant import routes
 
-    monkeypatch.setattr(int8_configs, "LARGE_M_BY_SHAPE", by_shape)
-    monkeypatch.setattr(triton_kernels, "_TUNED", {})
-    w, s, wf = _int8(80, 512)
-    compiled = torch.compile(lambda x: ops.int8_weight_only_linear(x, w, s, None), fullgraph=True)
-    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        out, codes = run_and_get_code(compiled, x)
-    code = "\n".join(codes)
-    if by_shape == "gemm":
-        assert "_gemm" in code and "extern_kernels.mm" not in code
-    else:
-        assert "_gemm" not in code and "_gemv" not in code
-    assert sqnr(x.float() @ wf.t(), out) > 35
+    n, k = 200, 1000
+    w, s, wf = _int8(2 * n if gated else n, k)
+    bias = torch.randn(w.shape[0], device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(routes, "int8_route", lambda x2d, w: route)
+        for m in (1, 13, 300):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = F.linear(x.float(), wf, bias.float())
+            expected = F.silu(out[:, :n]) * out[:, n:] if gated else out
+            got = routes.int8_linear(x, w, s, bias, gated)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            assert sqnr(expected, got) > 35, (route, m)
+
+
+def test_the_crossover_sends_large_m_to_cublas():
+    """Up to the GPU's crossover the two-term route, above it the dequantized weight (the
+    table's value for a GPU it names, the default elsewhere)."""
+    from fxopt.quant import routes
+
+    w = torch.zeros(64, 256, dtype=torch.int8, device="cuda")
+    limit = routes.two_term_max_m(torch.device("cuda"))
+    assert routes.int8_route(torch.zeros(limit, 256, device="cuda", dtype=torch.bfloat16), w) == "two_term"
+    assert routes.int8_route(torch.zeros(limit + 1, 256, device="cuda", dtype=torch.bfloat16), w) == "reference"
+    assert routes.int8_route(torch.zeros(3, 256, device="cuda"), w) == "weight_only"  # fp32
 
 
 def test_shapes_the_kernels_cannot_take_compute_the_reference():
@@ -158,28 +182,34 @@ def test_int4_weight_only_eager_and_compiled():
     n, k = 80, 384  # groups of 128 on K = 384
     packed, scales = pack_int4(torch.randn(n, k, device="cuda"), 128)
     wf = unpack_int4(packed, scales, 128)
-    compiled = torch.compile(lambda x: ops.int4_weight_only_linear(x, packed, scales, 128, None),
-                             fullgraph=True, dynamic=True)
+    compiled, graphs = _compiled_once(lambda x: ops.int4_weight_only_linear(x, packed, scales, 128, None))
     with torch.no_grad():
-        for m in (1, 7, 64, 200):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for m in (1, 7, 64, 200, 300):
+            x = _unbacked(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
             expected = x.float() @ wf.t()
             assert sqnr(expected, ops.int4_weight_only_linear(x, packed, scales, 128, None)) > 35, m
             assert sqnr(expected, compiled(x)) > 35, m
+    assert len(graphs) == 1
 
 
 def test_quantized_mlp_through_the_fxopt_backend_and_plain_compile():
+    """Both routes users compile a quantized model with, the token dim marked unbacked: one
+    Dynamo frame each across the serving order, the results the eager quantized model's."""
     model = nn.Sequential(nn.Linear(256, 512), nn.SiLU(), nn.Linear(512, 256)).to("cuda", torch.bfloat16).eval()
     x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
     for mode in ("int8_weight_only", "int4_weight_only"):
         q = fq.quantize_model(model, (x,), mode)
         assert fq.summary_of(q).coverage == 1.0
-        for fn in (torch.compile(q), torch.compile(q, backend="fxopt")):
+        for backend in ("inductor", "fxopt"):
+            torch._dynamo.reset()
+            counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+            fn = torch.compile(q, backend=counter)
             with torch.no_grad():
-                for m in (1, 4, 33):
-                    xm = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
-                    assert sqnr(q(xm), fn(xm)) > 35, (mode, m)
+                for m in SERVING_ORDER:
+                    xm = _unbacked(torch.randn(m, 256, device="cuda", dtype=torch.bfloat16))
+                    assert sqnr(q(xm), fn(xm)) > 35, (mode, backend, m)
                     assert sqnr(model(xm), fn(xm)) > (25 if mode == "int8_weight_only" else 12), (mode, m)
+            assert counter.frame_count == 1, (mode, backend)
 
 
 def test_gradients_on_cuda():

@@ -70,11 +70,22 @@ def test_cache_beats_table_beats_heuristic(monkeypatch):
     assert choose(wide, FOUND, MACHINE, "sm90", no_timing) == heuristic(wide, FOUND)
 
 
-def test_cpu_reads_neither_cache_nor_table(monkeypatch):
-    cached, shipped, _ = three_others()
-    use_table(monkeypatch, {tuning_cache.entry_key("sm90", KEY): entry(shipped)})
-    tuning_cache.store(tuning_cache.entry_key(MACHINE, KEY), *entry(cached))
-    assert choose(KEY, FOUND, None, None, None) == heuristic(KEY, FOUND)
+def test_cpu_tensors_read_neither_cache_nor_table_through_the_kernels_caller(monkeypatch):
+    """``triton_kernels.tuned_config``, which routes each call (CPU tensors: Triton's
+    interpreter), on CPU tensors with tuning on and a cache and a table that would answer:
+    neither is read, nothing is timed, the choice is by shape. Needs triton importable (the
+    test extra installs it); nothing is launched."""
+    triton_kernels = pytest.importorskip("fxopt.quant.triton_kernels")
+    read = []
+    monkeypatch.setattr(tuning_cache, "lookup", lambda key: read.append(("cache", key)))
+    monkeypatch.setattr(int8_configs, "shipped_defaults", lambda: read.append(("table",)) or {})
+    monkeypatch.setattr(int8_configs, "tune", no_timing)
+    monkeypatch.setenv(int8_configs.TUNE_ENV, "1")
+    monkeypatch.setattr(triton_kernels, "_TUNED", {})
+    x, w = torch.randn(1, 256, dtype=torch.bfloat16), torch.randint(-127, 128, (40, 256), dtype=torch.int8)
+    got = triton_kernels.tuned_config(x, w, torch.rand(40), None, torch.empty(1, 40, dtype=torch.bfloat16))
+    assert not read
+    assert got == heuristic((1, 40, 256, torch.bfloat16, False, None, False), candidates(1))
 
 
 @pytest.mark.parametrize("bad", [

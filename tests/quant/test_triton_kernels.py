@@ -1,8 +1,8 @@
 """The Triton weight-only kernels, run by Triton's interpreter on CPU tensors
 (``TRITON_INTERPRET=1 pytest tests/quant/test_triton_kernels.py``).
 
-Skipped where triton is not installed (CI's CPU torch has none). The interpreter of
-triton 3.6 fails under numpy >= 2.3 and computes bf16 ``tl.dot`` wrongly, so those cases
+Run in a child process by tests/test_triton_interpreter.py (see tests/triton_interpreter.py),
+wherever triton is installed. The interpreter of triton 3.6 fails under numpy >= 2.3 and computes bf16 ``tl.dot`` wrongly, so those cases
 are left out here; the GPU benchmark checks the kernels against a dequantized reference
 on the real hardware before it times them.
 """

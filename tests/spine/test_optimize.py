@@ -1,5 +1,6 @@
 """fxopt.optimize over every capture path, the CLI, and packaging."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -122,3 +123,32 @@ def test_wheel_installs_subpackages_inside_the_fxopt_namespace(tmp_path):
     assert "fxopt/patterns/__init__.py" in names and "fxopt/visualize/__init__.py" in names
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top_level == {"fxopt"}, top_level
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # the files a non-editable install puts in site-packages
+    site = site.resolve()
+    assert _subpackages_imported(cwd=tmp_path, pythonpath=site) == [
+        site / "fxopt" / "patterns" / "__init__.py", site / "fxopt" / "visualize" / "__init__.py"]
+
+
+def test_the_installed_fxopt_maps_patterns_and_visualize_from_outside_the_repo(tmp_path):
+    """The install this suite runs against (the README's ``pip install -e``, or a plain
+    ``pip install``) maps the top-level patterns/ and visualize/ into the fxopt namespace for
+    a process started outside the checkout, as on the GPU machine (docs/testing.md)."""
+    import fxopt.patterns
+    import fxopt.visualize
+
+    here = [Path(fxopt.patterns.__file__).resolve(), Path(fxopt.visualize.__file__).resolve()]
+    assert _subpackages_imported(cwd=tmp_path) == here
+
+
+def _subpackages_imported(cwd: Path, pythonpath: Path | None = None) -> list[Path]:
+    """The files ``fxopt.patterns`` and ``fxopt.visualize`` import from in a fresh process
+    in ``cwd``, with ``pythonpath`` (only) on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    code = "import fxopt.patterns as p, fxopt.visualize as v; print(p.__file__); print(v.__file__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [Path(line).resolve() for line in result.stdout.splitlines()]

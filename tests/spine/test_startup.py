@@ -10,8 +10,6 @@ import importlib.util
 import subprocess
 import sys
 
-import pytest
-
 HEAVY = ("torch._inductor", "torch._dynamo", "triton", "numba", "sympy", "hypothesis",
          "networkx", "graphviz", "tabulate")
 
@@ -90,9 +88,6 @@ def test_first_optimize_loads_only_fxopt_torch_and_the_standard_library_beyond_t
     assert packages - {"fxopt", "torch"} <= set(sys.stdlib_module_names)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is not None,
-                    reason="where triton is installed, torch.library.triton_op (fxopt.quant's ops) looks for "
-                           "the kernels a function launches with Inductor's utilities, importing Inductor")
 def test_registering_every_pass_loads_neither_dynamo_nor_inductor():
     loaded = _heavy_loaded_after_each(["import fxopt\nfxopt.registered_passes()"])
     assert not loaded[0] & {"torch._dynamo", "torch._inductor"}

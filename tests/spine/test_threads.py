@@ -500,33 +500,6 @@ def test_a_pattern_traced_while_a_model_runs_is_not_taken_for_the_models_module(
     assert [n.op for n in graph.nodes] == ["placeholder", "call_function", "output"]
 
 
-def test_quieting_a_torch_logger_silences_only_the_thread_that_asked():
-    """fxopt.quant silences torch's triton-op registration warning while it registers its
-    ops; the logger is process-wide, so another thread's warnings must still get through."""
-    from fxopt.quant.ops import _QuietInThisThread
-
-    log = logging.getLogger("fxopt.test.quiet")
-    seen: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    handler, quiet = Collect(logging.DEBUG), _QuietInThisThread()
-    log.addHandler(handler)
-    log.addFilter(quiet)
-    try:
-        log.warning("here: dropped")
-        log.error("here: an error passes")
-        other = threading.Thread(target=log.warning, args=("other thread: passes",))
-        other.start()
-        other.join()
-    finally:
-        log.removeFilter(quiet)
-        log.removeHandler(handler)
-    assert seen == ["here: an error passes", "other thread: passes"]
-
-
 @pytest.mark.parametrize("build", ["demo", "zoo"])
 def test_building_a_model_neither_seeds_nor_depends_on_the_global_generator(build):
     """The demo and zoo factories give the same weights whatever the global generator's

@@ -1,0 +1,94 @@
+"""The bench harness's own pieces: where records go, the results folder's name, the order of
+alternating rounds, a variant that fails, a fresh process that dies, the markdown table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import harness
+import pytest
+from harness.records import RESULTS
+
+
+@pytest.mark.parametrize(("name", "slug"), [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"), ("cpu", "cpu"), ("Some Accelerator", "some-accelerator"),
+])
+def test_slug_names_the_gpu_kind(name, slug):
+    assert harness.slug(name) == slug
+
+
+def test_results_folder_counts_gpus():
+    assert harness.results_dir("NVIDIA H200", gpus=2) == RESULTS / "h200x2"
+    assert harness.results_dir("cpu", gpus=2) == RESULTS / "cpu"
+
+
+def _args(**kw):
+    return argparse.Namespace(**{"smoke": False, "out": None, **kw})
+
+
+def test_record_goes_to_out_a_folder_or_the_results_folder(tmp_path):
+    assert harness.Record("b", _args(out=str(tmp_path)), "cpu").path == tmp_path / "b.json"
+    assert harness.Record("b", _args(out=str(tmp_path), smoke=True), "cpu").path == tmp_path / "b.json"
+    assert harness.Record("b", _args(out=str(tmp_path / "x.json")), "cpu").path == tmp_path / "x.json"
+    assert harness.Record("b", _args(smoke=True), "cpu").path == RESULTS / "cpu" / "b_smoke.json"
+    assert harness.Record("b", _args(), "cpu").path == RESULTS / "cpu" / "b.json"
+
+
+def test_record_rewrites_its_file_on_every_row(tmp_path):
+    record = harness.Record("b", _args(out=str(tmp_path / "r.json"), rounds=3), "cpu", note="n")
+    record.add({"x": 1})
+    first = json.loads((tmp_path / "r.json").read_text())
+    assert first["rows"] == [{"x": 1}] and first["meta"]["note"] == "n" and first["meta"]["args"]["rounds"] == 3
+    record.add({"x": 2})
+    assert len(json.loads((tmp_path / "r.json").read_text())["rows"]) == 2
+
+
+def test_alternate_interleaves_and_reverses_odd_rounds():
+    calls = []
+    samples = harness.alternate({"a": "a", "b": "b", "c": "c"}, 3, lambda v: calls.append(v) or len(calls),
+                                reverse_odd=True)
+    assert calls == list("abccbaabc")
+    assert samples == {"a": [1, 6, 7], "b": [2, 5, 8], "c": [3, 4, 9]}
+
+
+def test_alternate_drops_a_failing_variant_and_says_why():
+    failed = {}
+
+    def measure(v):
+        if v == "bad":
+            raise RuntimeError("capture failed")
+        return 1.0
+
+    samples = harness.alternate({"ok": "ok", "bad": "bad"}, 2, measure, on_error=lambda k, e: failed.update({k: e}))
+    assert samples == {"ok": [1.0, 1.0]} and isinstance(failed["bad"], RuntimeError)
+    with pytest.raises(RuntimeError):
+        harness.alternate({"bad": "bad"}, 1, measure)
+
+
+def test_fresh_process_reads_back_the_child_json_or_its_error(tmp_path):
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("import json, sys\nopen(sys.argv[-1], 'w').write(json.dumps({'v': sys.argv[1]}))\n")
+    bad.write_text("import sys\nprint('boom', file=sys.stderr)\nsys.exit(3)\n")
+    row = harness.fresh_process(good, ["7"], timeout=60)
+    assert row["v"] == "7" and row["process_s"] > 0
+    assert harness.fresh_process(bad, [], timeout=60) == {"error": "exit 3: boom"}
+
+
+def test_timers_on_the_cpu_give_positive_medians():
+    assert harness.call_ms(lambda: sum(range(100)), "cpu") > 0
+    assert harness.loop_ms(lambda: sum(range(100)), "cpu", iters=3, reps=2) > 0
+    assert harness.wall_ms(lambda: None, "cpu", reps=3) >= 0
+    assert harness.DeviceMemory("cpu").start().stop() == {}  # no device memory to count on a CPU
+
+
+def test_markdown_table():
+    table = harness.markdown_table([{"a": 1.23456, "b": None}, {"a": "x"}], ["a", "b"], digits=2)
+    assert table.splitlines() == ["| a | b |", "| --- | --- |", "| 1.23 | - |", "| x | - |"]
+
+
+def test_environment_names_the_software():
+    env = harness.environment("cpu")
+    assert env["device"] == "cpu" and env["torch"] and env["python"] == ".".join(map(str, sys.version_info[:3]))
