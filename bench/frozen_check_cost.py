@@ -22,7 +22,7 @@ import timeit
 
 import torch
 
-from fxopt.backend import FrozenWeights
+from fxopt.compile.freezing import FrozenWeights
 
 #: frozen tensors per model: (parameters, buffers)
 MODELS = {"resnet50": (161, 106), "vit_b_16": (152, 0), "160 tensors": (160, 0)}
