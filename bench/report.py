@@ -30,6 +30,7 @@ from playwright.sync_api import sync_playwright
 from torch import nn
 
 import fxopt
+from fxopt.models import dropout_stack
 
 RESNET_PASSES = ["fold_conv_bn", "cse", "dce", "inplace"]
 STACK_PASSES = ["remove_dropout", "fuse_add_relu", "fuse_linear_relu"]
@@ -92,18 +93,8 @@ def bert(capture: str):
     return torch.export.export(model, inputs), inputs, BERT_PASSES
 
 
-class Block(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.lin, self.relu, self.drop, self.act = nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(x + self.drop(self.relu(self.lin(x))))
-
-
 def stack(blocks: int):
-    model = nn.Sequential(*[Block(8) for _ in range(blocks)]).eval()
-    return model, (torch.randn(2, 8),), STACK_PASSES
+    return dropout_stack(blocks), (torch.randn(2, 8),), STACK_PASSES
 
 
 MODELS = {"resnet50_export": lambda: resnet50("export"), "resnet50_trace": lambda: resnet50("trace"),

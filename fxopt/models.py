@@ -339,3 +339,32 @@ def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[torch.Tens
         raise KeyError(f"unknown zoo model {name!r} (known: {', '.join(_INPUT_SHAPES)})")
     shape = (batch, *_INPUT_SHAPES[name][1:])
     return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
+
+
+class DropoutBlock(nn.Module):
+    """``relu(x + dropout(relu(linear(x))))``: one block of :class:`DropoutStack`."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin, self.relu, self.drop, self.act = nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x + self.drop(self.relu(self.lin(x))))
+
+
+class DropoutStack(nn.Module):
+    """``blocks`` :class:`DropoutBlock` in sequence under ``self.blocks`` (5 nodes each when
+    traced): a graph of any size whose every block ``remove_dropout``, ``fuse_add_relu`` and
+    ``fuse_linear_relu`` rewrite, for the report's and the benchmarks' scaling cases."""
+
+    def __init__(self, blocks: int, width: int = 8):
+        super().__init__()
+        self.blocks = nn.Sequential(*[DropoutBlock(width) for _ in range(blocks)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def dropout_stack(blocks: int, width: int = 8) -> nn.Module:
+    """A :class:`DropoutStack` in eval mode (the dropouts are the ones ``remove_dropout`` drops)."""
+    return DropoutStack(blocks, width).eval()

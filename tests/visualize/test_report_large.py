@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx as fx
-import torch.nn as nn
 from fxopt.visualize import write_report
 
 import fxopt
+from fxopt.models import dropout_stack
 
 BLOCKS = 2048
 PASSES = ["remove_dropout", "fuse_add_relu", "fuse_linear_relu"]
@@ -27,27 +27,9 @@ PASSES = ["remove_dropout", "fuse_add_relu", "fuse_linear_relu"]
 MAX_BYTES = 10_000_000
 
 
-class Block(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.lin, self.relu, self.drop, self.act = nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(x + self.drop(self.relu(self.lin(x))))
-
-
-class Stack(nn.Module):
-    def __init__(self, blocks: int, width: int = 8):
-        super().__init__()
-        self.blocks = nn.Sequential(*[Block(width) for _ in range(blocks)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(x)
-
-
 @pytest.fixture(scope="module")
 def stack() -> fx.GraphModule:
-    gm = fxopt.optimize(Stack(BLOCKS).eval(), passes=PASSES, example_inputs=(torch.randn(2, 8),))
+    gm = fxopt.optimize(dropout_stack(BLOCKS), passes=PASSES, example_inputs=(torch.randn(2, 8),))
     assert fxopt.report_of(gm).records[0].nodes_before == 5 * BLOCKS + 2
     return gm
 
