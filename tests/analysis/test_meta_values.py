@@ -114,15 +114,15 @@ def test_default_pipeline_is_the_same_with_shape_rules_as_with_fake_tensors(name
 
 
 def test_a_graph_with_an_op_without_a_rule_falls_back_on_fake_tensors_for_every_node() -> None:
-    class WithLayerNorm(nn.Module):
+    class WithGroupNorm(nn.Module):  # group norm has no rule
         def __init__(self) -> None:
             super().__init__()
-            self.fc, self.norm = nn.Linear(6, 6), nn.LayerNorm(6)
+            self.fc, self.norm = nn.Linear(6, 6), nn.GroupNorm(2, 6)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.norm(self.fc(x)))
 
-    model = WithLayerNorm().eval()
+    model = WithGroupNorm().eval()
     gm = fxopt.optimize(model, example_inputs=(torch.randn(3, 6),))
     assert META_VALUES_DEVICE not in gm.meta
     assert _all_fake(gm) and len(_tensors(gm)) == len(gm.graph.nodes)  # every node, not only the norm
