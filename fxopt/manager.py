@@ -249,7 +249,8 @@ class _Run:
                 raise
             message = str(exc) if isinstance(exc, FxoptError) else f"{type(exc).__name__}: {exc}"
             raise PassError(p.name, message, node=getattr(exc, "node", None)) from exc
-        self.guard.track(gm)  # tensors the pass added are guarded from now on
+        if record.changed:  # tensors the pass added are guarded from now on
+            self.guard.track(gm)
         if record.changed and self.keep_snapshots:
             record.before = snapshot
         return record
