@@ -289,6 +289,9 @@ def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: Met
     device = gm.meta.get(META_VALUES_DEVICE)
     if example_inputs is None:
         inputs = [p.meta.get("val") for p in placeholders]
+        identity = _ids(inputs)
+        if device is None:
+            device, inputs = _static_fakes_as_meta(inputs)
         if device is None or not all(_is_meta_value(v) for v in inputs):
             return None
     else:
@@ -298,15 +301,15 @@ def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: Met
             return None
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         device = tensors[0].device if tensors else next((t.device for t in gm.parameters()), torch.device("cpu"))
-        inputs = flat
+        inputs, identity = flat, _ids(flat)
     if len(inputs) != len(placeholders) or device.type == "meta":
         return None
     if any(t.device != device for t in (*gm.parameters(), *gm.buffers())):
         return None
-    if previous is not None and (previous.copies.env.device != device or previous.inputs != _ids(inputs)):
+    if previous is not None and (previous.copies.env.device != device or previous.inputs != identity):
         previous = None
     copies = previous.copies if previous is not None else _MetaCopies(Env(device))
-    out = MetaRecord(copies, _ids(inputs))
+    out = MetaRecord(copies, identity)
     values: dict[fx.Node, Any] = {}
     changed: set[fx.Node] = set()
     position = iter(range(len(inputs)))
@@ -316,7 +319,10 @@ def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: Met
                 key = _key(gm, node)
                 if node.op == "placeholder":
                     value = inputs[next(position)]
-                    value = value if example_inputs is None else copies.of_input(value)
+                    if previous is not None and node in previous.values:  # the same inputs
+                        value = previous.values[node]
+                    elif example_inputs is not None:
+                        value = copies.of_input(value)
                 elif previous is not None and previous.reusable(node, key) and not changed.intersection(node._input_nodes):
                     value = previous.values[node]
                 else:
@@ -342,6 +348,19 @@ def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: Met
 
 
 _MISSING = object()
+
+
+def _static_fakes_as_meta(values: list[Any]) -> tuple[torch.device | None, list[Any]]:
+    """The meta values standing for the placeholders' FakeTensors (torch.export's, make_fx's)
+    when every one is a plain fake tensor of static shape on one device; (None, values)
+    otherwise (symbolic shapes keep their fake mode: the FakeTensor path)."""
+    if not values or not all(isinstance(v, FakeTensor) for v in values):
+        return None, values
+    devices = {v.device for v in values}
+    if len(devices) != 1 or not all(type(n) is int for v in values for n in (*v.shape, *v.stride())):
+        return None, values
+    return devices.pop(), [torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype, device="meta",
+                                               requires_grad=v.requires_grad) for v in values]
 
 
 def _ids(inputs: list[Any]) -> tuple[int, ...]:
