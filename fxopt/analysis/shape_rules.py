@@ -654,10 +654,9 @@ def _tensor_softmax(env: Env, input: Any, dim: Any, dtype: Any = None) -> torch.
 def scaled_dot_product_attention(env: Env, query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: Any = 0.0, is_causal: Any = False, scale: Any = None,
                                  enable_gqa: Any = False) -> torch.Tensor:
-    """SDPA without a mask or dropout, on the CPU (torch's choice of kernel, and so the
-    output's strides, differs by device). Four-dimensional inputs whose last dims are
-    dense and equal run CPU flash attention when it is enabled, whose output is laid out
-    (batch, seq, heads, dim); other ranks run the math path, whose output is contiguous."""
+    """SDPA without a mask or dropout, on the CPU: FakeTensor propagation runs the math
+    path's decomposition (whatever kernel the real tensors would pick), whose output is
+    contiguous. Other devices are refused: their kernel choice, and so the layout, differs."""
     q, k, v = _tensor(env, query), _tensor(env, key), _tensor(env, value)
     _require(env.device.type == "cpu", "attention off the CPU")
     _require(attn_mask is None and dropout_p == 0.0 and enable_gqa is False and type(is_causal) is bool
@@ -666,13 +665,7 @@ def scaled_dot_product_attention(env: Env, query: Any, key: Any, value: Any, att
     _require(q.dim() >= 3 and q.dim() == k.dim() == v.dim(), "an unmodelled rank")
     _require(q.shape[:-2] == k.shape[:-2] == v.shape[:-2], "batch dims that differ")
     _require(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2], "shapes that do not attend")
-    shape = (*q.shape[:-1], v.shape[-1])
-    if q.dim() != 4:
-        return _contiguous(shape, q.dtype)
-    _require(q.shape[-1] == v.shape[-1] and all(t.stride(-1) == 1 for t in (q, k, v)), "an unmodelled layout")
-    _require(torch.backends.cuda.flash_sdp_enabled(), "flash attention disabled")
-    b, h, length, e = shape
-    return _fresh(shape, (length * h * e, e, h * e, 1), q.dtype)
+    return _contiguous((*q.shape[:-1], v.shape[-1]), q.dtype)
 
 
 def embedding(env: Env, input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002
