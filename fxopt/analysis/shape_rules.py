@@ -655,8 +655,8 @@ def scaled_dot_product_attention(env: Env, query: Any, key: Any, value: Any, att
                                  dropout_p: Any = 0.0, is_causal: Any = False, scale: Any = None,
                                  enable_gqa: Any = False) -> torch.Tensor:
     """SDPA without a mask or dropout, on the CPU: FakeTensor propagation runs the math
-    path's decomposition (whatever kernel the real tensors would pick), whose output is
-    contiguous. Other devices are refused: their kernel choice, and so the layout, differs."""
+    path's decomposition (whatever kernel the real tensors would pick), whose output is laid
+    out like the query. Other devices are refused: their kernel choice, and so the layout, differs."""
     q, k, v = _tensor(env, query), _tensor(env, key), _tensor(env, value)
     _require(env.device.type == "cpu", "attention off the CPU")
     _require(attn_mask is None and dropout_p == 0.0 and enable_gqa is False and type(is_causal) is bool
@@ -665,7 +665,20 @@ def scaled_dot_product_attention(env: Env, query: Any, key: Any, value: Any, att
     _require(q.dim() >= 3 and q.dim() == k.dim() == v.dim(), "an unmodelled rank")
     _require(q.shape[:-2] == k.shape[:-2] == v.shape[:-2], "batch dims that differ")
     _require(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2], "shapes that do not attend")
-    return _contiguous((*q.shape[:-1], v.shape[-1]), q.dtype)
+    shape = (*q.shape[:-1], v.shape[-1])
+    if q.is_contiguous():
+        return _contiguous(shape, q.dtype)
+    # heads transposed in all three ((b, h, l, e) over (b, l, h, e), as transformers make
+    # them): the decomposition's output is laid out like the query
+    _require(v.shape[-1] == q.shape[-1] and all(_dense_strides(t) and t.stride(-1) == 1 and
+                                                _stride_order(t) == _stride_order(q) for t in (q, k, v)),
+             "an unmodelled layout")
+    return _fresh(shape, q.stride(), q.dtype)
+
+
+def _stride_order(t: torch.Tensor) -> list[int]:
+    """The dims from outermost to innermost (ties by position)."""
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
 
 
 def embedding(env: Env, input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002

@@ -503,9 +503,19 @@ def attention_case(g: Gen) -> Case:
     batch = shape(rng, rng.choice([1, 2, 2]), 1, 3)
     length, source, e = rng.randint(1, 6), rng.randint(1, 6), rng.choice([2, 4, 8])
     ev = e if rng.random() < 0.8 else e * 2
-    q = g.t((*batch, length, e), dtype)
-    k = g.t((*batch, source, e if rng.random() < 0.97 else e + 1), dtype)
-    v = g.t((*batch, source, ev), dtype)
+    pick = rng.random()
+    if pick < 0.4 and len(batch) == 2 and g.kind is None:  # heads transposed, as a transformer makes them
+        q = torch.randn(batch[0], length, batch[1], e).to(dtype).transpose(1, 2)
+    elif pick < 0.8:
+        q = torch.randn(*batch, length, e).to(dtype)
+    else:
+        q = g.t((*batch, length, e), dtype)
+    ke = e if rng.random() < 0.97 else e + 1
+    if pick < 0.4 and len(batch) == 2 and g.kind is None and rng.random() < 0.7:
+        k = torch.randn(batch[0], source, batch[1], ke).to(dtype).transpose(1, 2)
+        v = torch.randn(batch[0], source, batch[1], ev).to(dtype).transpose(1, 2)
+    else:
+        k, v = g.t((*batch, source, ke), dtype), g.t((*batch, source, ev), dtype)
     kwargs: dict[str, Any] = {"is_causal": rng.random() < 0.5}
     if rng.random() < 0.3:
         kwargs["scale"] = 0.5
