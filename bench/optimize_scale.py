@@ -12,8 +12,9 @@ GELU MLP; 12 nodes per block under ``symbolic_trace``), captured two ways:
   exported graph, with the process's peak resident memory above its level before the run
   set against the bytes of the model's parameters.
 
-Each size is ``--repeats`` runs in this process (min and median). Figures are wall time, so
-run it on a quiet machine; the ratio to a same-run baseline is the steadier figure.
+Each size is ``--repeats`` runs in this process (min and median), as wall time and as the
+process's CPU time; on a shared, loaded machine the CPU time and the ratio to a same-run
+baseline are the steadier figures.
 
     python bench/optimize_scale.py                               # 1k, 10k, 50k nodes
     python bench/optimize_scale.py --sizes 3000,12000 --repeats 3 --no-export
@@ -63,18 +64,23 @@ def model_of(nodes: int, d: int) -> tuple[nn.Module, tuple[torch.Tensor]]:
     return nn.Sequential(*[Block(d) for _ in range(blocks)]).eval(), (torch.randn(2, 8, d),)
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[tuple[float, float]], Any]:
+    """(wall, process CPU) seconds of each run, and the last result."""
     times, out = [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
     return times, out
 
 
-def summary(times: list[float], nodes: int) -> dict[str, float]:
-    return {"min_s": min(times), "median_s": statistics.median(times),
-            "ms_per_node": 1e3 * min(times) / nodes}
+def summary(times: list[tuple[float, float]], nodes: int) -> dict[str, float]:
+    """Wall and CPU seconds (min and median); ms per node of the fastest wall time, and of
+    the least CPU (the steadier figure on a shared machine)."""
+    wall, cpu = [w for w, _ in times], [c for _, c in times]
+    return {"min_s": round(min(wall), 3), "median_s": round(statistics.median(wall), 3),
+            "cpu_min_s": round(min(cpu), 3), "ms_per_node": round(1e3 * min(wall) / nodes, 4),
+            "cpu_ms_per_node": round(1e3 * min(cpu) / nodes, 4)}
 
 
 class PeakRss:
@@ -140,7 +146,8 @@ def exported(nodes: int, d: int, repeats: int) -> dict[str, Any]:
         default, _ = timed(lambda: fxopt.optimize(ep), 1)
     return {"capture": "torch.export", "nodes": n,
             "dce": summary(dce, n), "baseline: ep.module() + eliminate_dead_code": summary(base, n),
-            "dce / baseline (min)": round(min(dce) / min(base), 2),
+            "dce / baseline (min wall)": round(min(w for w, _ in dce) / min(w for w, _ in base), 2),
+            "dce / baseline (min CPU)": round(min(c for _, c in dce) / min(c for _, c in base), 2),
             "default pipeline": summary(default, n),
             "model MB": round(model_bytes / 2**20, 1),
             "peak RSS above start, MB": round((rss.peak - rss.base) / 2**20, 1)}
