@@ -340,9 +340,10 @@ def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: Met
     except NoRule:
         return None
     out.values = values
-    if record:
-        for node in changed:
-            record_value(node, values[node])
+    if record:  # every node whose recorded value is not this one (a reused value already is)
+        for node, value in values.items():
+            if node.meta.get("val", _MISSING) is not value:
+                record_value(node, value)
         gm.meta[META_VALUES_DEVICE] = device
     return out
 
