@@ -91,7 +91,7 @@ def optimize(
     if profile is not None and example_inputs is None:
         raise InputError("profile needs example_inputs to run the graph on")
     gm = as_graph_module(model)
-    if not inplace:
+    if not inplace and not _owned_capture(model, gm):
         gm = copy_sharing_tensors(gm)
     manager = PassManager(
         DEFAULT_PIPELINE if passes is None else passes,
@@ -131,6 +131,15 @@ def as_graph_module(model: Any) -> fx.GraphModule:
             "a graph from torch.fx.experimental.proxy_tensor.make_fx, or use "
             "fxopt's torch.compile backend, which handles graph breaks."
         ) from exc
+
+
+def _owned_capture(model: Any, gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` is a capture nobody else holds, so optimizing it in place changes
+    nothing of the user's: ``ep.module()`` builds a new graph and new modules over the
+    program's tensors (which the manager's guard protects), unless it holds nested
+    GraphModules (subgraphs of control flow), which it shares with the program."""
+    return isinstance(model, torch.export.ExportedProgram) and not any(
+        isinstance(m, fx.GraphModule) for m in gm.modules() if m is not gm)
 
 
 def copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
