@@ -185,10 +185,16 @@ class _Guarded:
     #: where the data lives: storage, offset, shape, strides of every plain tensor inside
     layout: tuple
     version: int
-    #: a copy of the contents (None when over the backup limit)
+    #: a copy of the contents (None when over the backup limit, or kept by ``batch``)
     copy: torch.Tensor | None
-    #: the batch that compares its contents with others' (None: compared on its own)
+    #: the batch that compares its contents with others' and holds its backup (None:
+    #: compared on its own, backed up in ``copy``), and its position there
     batch: _Batch | None = None
+    index: int = -1
+
+    def backup(self) -> torch.Tensor | None:
+        """The copy of the contents as they were (None when over the backup limit)."""
+        return self.batch.copy_of(self.index) if self.batch is not None else self.copy
 
 
 class TensorGuard:
@@ -235,8 +241,8 @@ class TensorGuard:
             for as_int, group in batched.items():
                 batch = _Batch(as_int, [t for _, t in group])
                 self.batches.append(batch)
-                for (name, t), copy in zip(group, batch.copies()):
-                    self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), copy, batch)
+                for index, (name, t) in enumerate(group):
+                    self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), None, batch, index)
 
     def changed(self) -> list[str]:
         """Names of the guarded tensors that were written or swapped since recorded."""
@@ -257,10 +263,11 @@ class TensorGuard:
                     continue
                 if _layout(e.tensor) != e.layout:
                     e.tensor.data = e.data
-                if e.copy is None:
+                backup = e.backup()
+                if backup is None:
                     ok = False
                     continue
-                for data, saved in zip(_plain(e.data), _plain(e.copy)):
+                for data, saved in zip(_plain(e.data), _plain(backup)):
                     data.copy_(saved)
                 e.version = _version(e.tensor)
         return ok
@@ -297,10 +304,11 @@ class _Batch:
                 self.chunks.append((start, i))
                 start = i
 
-    def copies(self) -> list[torch.Tensor]:
-        """Each tensor's backup: a view of the flat backup with the tensor's dtype and shape."""
-        return [self.backup[a:b].view(t.dtype).view(t.shape)
-                for t, a, b in zip(self.tensors, self.offsets, self.offsets[1:])]
+    def copy_of(self, index: int) -> torch.Tensor:
+        """The backup of tensor ``index``: a view of the flat backup with its dtype and shape
+        (made when asked: a guard with thousands of tensors rarely needs one)."""
+        t = self.tensors[index]
+        return self.backup[self.offsets[index]:self.offsets[index + 1]].view(t.dtype).view(t.shape)
 
     def differing(self) -> list[torch.Tensor]:
         """The tensors of the chunks whose contents differ from the backup (a superset of
@@ -353,8 +361,9 @@ def _version(t: torch.Tensor) -> int:
 def _was_changed(e: _Guarded) -> bool:
     if _layout(e.tensor) != e.layout:
         return True
-    if e.copy is not None:  # the contents decide: a write of equal values changes nothing
-        return not all(map(_bytes_equal, _plain(e.data), _plain(e.copy)))
+    backup = e.backup()
+    if backup is not None:  # the contents decide: a write of equal values changes nothing
+        return not all(map(_bytes_equal, _plain(e.data), _plain(backup)))
     return _version(e.tensor) != e.version
 
 
