@@ -33,6 +33,9 @@ class PassContext:
     #: whether every pass of the run accepts meta values as ``meta['val']`` (none needs
     #: FakeTensors): shape propagation may then use fxopt's own shape rules
     meta_values: bool = False
+    #: the last propagation by shape rules (:class:`fxopt.analysis.shapes.MetaRecord`): the
+    #: next one evaluates only what the passes since touched and what lies downstream
+    meta_record: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.analyses = AnalysisManager(self.gm, self)

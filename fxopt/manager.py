@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
+from fxopt.analysis.shapes import propagate_meta_values
 from fxopt.compile.seeding import seeded
 from fxopt.context import PassContext, infer_training
 from fxopt.errors import (
@@ -248,7 +249,8 @@ class _Run:
                 raise
             message = str(exc) if isinstance(exc, FxoptError) else f"{type(exc).__name__}: {exc}"
             raise PassError(p.name, message, node=getattr(exc, "node", None)) from exc
-        self.guard.track(gm)  # tensors the pass added are guarded from now on
+        if record.changed:  # tensors the pass added are guarded from now on
+            self.guard.track(gm)
         if record.changed and self.keep_snapshots:
             record.before = snapshot
         return record
@@ -275,10 +277,14 @@ def _as_result(p: Pass, value: Any) -> PassResult:
 def check_example_inputs(gm: fx.GraphModule, ctx: PassContext) -> None:
     """Reject example inputs of the wrong arity, shape or dtype before any pass runs.
 
-    Static checks against placeholder metadata come first (clear messages); then a
-    FakeTensor run catches shapes that only fail deeper in the graph. That run also
-    seeds the shapes analysis, so passes that need shapes get them for free. On failure
-    the graph's metadata is restored: bad input leaves the user's graph untouched.
+    Static checks against placeholder metadata come first (clear messages); then a run of
+    fxopt's shape rules (meta tensors, no fake mode) catches shapes that only fail deeper in
+    the graph. Where the run accepts meta values that run is the shapes analysis, which
+    passes then get for free; where a pass needs FakeTensors it only validates, and the
+    FakeTensor run waits for the first pass that asks for shapes. A graph the rules do not
+    cover (or inputs they decline) is validated by a FakeTensor run, whose errors name the
+    node. On failure the graph's metadata is restored: bad input leaves the user's graph
+    untouched.
     """
     inputs = ctx.example_inputs or ()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -301,6 +307,8 @@ def check_example_inputs(gm: fx.GraphModule, ctx: PassContext) -> None:
             ):
                 raise InputError(f"input {p.name!r}: shape {tuple(value.shape)}, "
                                  f"the graph expects {tuple(expected.shape)}")
+    if not ctx.meta_values and propagate_meta_values(gm, ctx.example_inputs, record=False) is not None:
+        return  # the inputs fit; shapes wait for a pass that asks (it gets FakeTensors)
     snapshot = GraphSnapshot.take(gm.graph)
     try:
         ctx.analysis("shapes")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -90,7 +91,7 @@ def optimize(
     if profile is not None and example_inputs is None:
         raise InputError("profile needs example_inputs to run the graph on")
     gm = as_graph_module(model)
-    if not inplace:
+    if not inplace and not _owned_capture(model, gm):
         gm = copy_sharing_tensors(gm)
     manager = PassManager(
         DEFAULT_PIPELINE if passes is None else passes,
@@ -132,15 +133,69 @@ def as_graph_module(model: Any) -> fx.GraphModule:
         ) from exc
 
 
+def _owned_capture(model: Any, gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` is a capture nobody else holds, so optimizing it in place changes
+    nothing of the user's: ``ep.module()`` builds a new graph and new modules over the
+    program's tensors (which the manager's guard protects), unless it holds nested
+    GraphModules (subgraphs of control flow), which it shares with the program."""
+    return isinstance(model, torch.export.ExportedProgram) and not any(
+        isinstance(m, fx.GraphModule) for m in gm.modules() if m is not gm)
+
+
 def copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
     """A deep copy of ``gm``'s graph and module tree whose tensors are the originals.
 
     Copying the structure is what keeps the user's model untouched; sharing the tensors
-    keeps a multi-GB model from being duplicated in memory.
+    keeps a multi-GB model from being duplicated in memory. Submodules of torch.nn's own
+    classes are copied shallowly (:func:`_structural_copy`), which is all a pass can change
+    of them; ``copy.deepcopy`` of such a tree costs a large share of a cheap run on an
+    LLM-sized graph. Other modules (the user's classes) are deep-copied as before.
     """
     memo: dict[int, Any] = {}
     for module in gm.modules():
         for value in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
             if isinstance(value, torch.Tensor):
                 memo[id(value)] = value
+    for module in _post_order(gm):
+        if module is not gm and id(module) not in memo and _torch_module(module):
+            memo[id(module)] = _structural_copy(module, memo)
     return copy.deepcopy(gm, memo)
+
+
+def _torch_module(module: nn.Module) -> bool:
+    """A module of torch.nn's own classes (not a GraphModule, which holds a graph)."""
+    return type(module).__module__.startswith("torch.nn.modules.")
+
+
+def _post_order(root: nn.Module) -> list[nn.Module]:
+    """Every module under ``root`` once, children before their parents."""
+    out: list[nn.Module] = []
+    seen: set[int] = set()
+    stack: list[tuple[nn.Module, bool]] = [(root, False)]
+    while stack:
+        module, expanded = stack.pop()
+        if expanded:
+            out.append(module)
+            continue
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        stack.append((module, True))
+        stack.extend((child, False) for child in module._modules.values() if child is not None)
+    return out
+
+
+def _structural_copy(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    """A new module object of the same class whose containers (parameter, buffer, child and
+    hook dicts, lists such as an RNN's flat weights) are new, holding the same tensors and
+    the copies of the children (already in ``memo``): what a deep copy gives a torch.nn
+    module, whose other attributes are immutable (numbers, strings, tuples)."""
+    cls = type(module)
+    new = cls.__new__(cls)  # what copy.copy does, without its generic (slow) protocol
+    state = {k: v.copy() if type(v) in _CONTAINERS else v for k, v in module.__dict__.items()}
+    state["_modules"] = {k: None if c is None else memo.get(id(c), c) for k, c in module._modules.items()}
+    new.__dict__.update(state)
+    return new
+
+
+_CONTAINERS = (dict, list, set, OrderedDict)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
+import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # Node fields a rebuild needs. They are read column by column with attrgetter/map, so the
@@ -149,11 +150,17 @@ class ModuleState:
             module.__dict__.update(_copy_module_dict(saved))
 
 
+_MODULE_CONTAINERS = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "meta")
+
+
 def _copy_module_dict(d: dict) -> dict:
-    out = dict(d)
-    for key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "meta"):
-        if key in out and isinstance(out[key], (dict, set)):
-            out[key] = type(out[key])(out[key])
+    """``d`` with its containers of tensors, children and metadata copied (``.copy()``:
+    this runs for every module before every pass)."""
+    out = d.copy()
+    for key in _MODULE_CONTAINERS:
+        value = out.get(key)
+        if isinstance(value, (dict, set)):
+            out[key] = value.copy()
     return out
 
 
@@ -178,8 +185,16 @@ class _Guarded:
     #: where the data lives: storage, offset, shape, strides of every plain tensor inside
     layout: tuple
     version: int
-    #: a copy of the contents (None when over the backup limit)
+    #: a copy of the contents (None when over the backup limit, or kept by ``batch``)
     copy: torch.Tensor | None
+    #: the batch that compares its contents with others' and holds its backup (None:
+    #: compared on its own, backed up in ``copy``), and its position there
+    batch: _Batch | None = None
+    index: int = -1
+
+    def backup(self) -> torch.Tensor | None:
+        """The copy of the contents as they were (None when over the backup limit)."""
+        return self.batch.copy_of(self.index) if self.batch is not None else self.copy
 
 
 class TensorGuard:
@@ -192,7 +207,11 @@ class TensorGuard:
     contents differ from the copy (writes through ``.data`` or a ``.numpy()`` view bypass
     version counters, so contents decide); :meth:`restore` puts them back. Tensor
     subclasses (DTensor) are compared through the plain tensors they wrap. The content
-    comparison is bytewise (a NaN equals itself); see bench/RESULTS.md for its cost.
+    comparison is bytewise (a NaN equals itself).
+
+    Small dense CPU tensors (an LLM graph has thousands: norms' weights, biases) are
+    compared in batches (:class:`_Batch`): one concatenation and one comparison per batch
+    instead of one Python call per tensor, which made the guard most of a cheap pass's cost.
 
     Copies are skipped above ``limit_bytes`` (then only swaps and version changes are
     detected, and contents cannot be restored; the manager says so).
@@ -201,21 +220,39 @@ class TensorGuard:
     def __init__(self, gm: fx.GraphModule, limit_bytes: int):
         self.limit_bytes = limit_bytes
         self.entries: dict[int, _Guarded] = {}
+        self.batches: list[_Batch] = []
         self.total = 0
         self.track(gm)
 
     def track(self, gm: fx.GraphModule) -> None:
         """Start guarding the tensors ``gm`` holds that are not guarded yet."""
         new = [(name, t) for name, t in _tensors(gm) if id(t) not in self.entries]
+        new = list({id(t): (name, t) for name, t in new}.values())
         self.total += sum(t.numel() * t.element_size() for _, t in new)
+        copying = self.total <= self.limit_bytes
+        batched: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
         with torch.no_grad():
             for name, t in new:
-                copy = _backup(t) if self.total <= self.limit_bytes else None
+                if copying and _batchable(t):
+                    batched.setdefault(_SAME_SIZE_INT[t.element_size()], []).append((name, t))
+                    continue
+                copy = _backup(t) if copying else None
                 self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), copy)
+            for as_int, group in batched.items():
+                batch = _Batch(as_int, [t for _, t in group])
+                self.batches.append(batch)
+                for index, (name, t) in enumerate(group):
+                    self.entries[id(t)] = _Guarded(name, t, t.data, _layout(t), _version(t), None, batch, index)
 
     def changed(self) -> list[str]:
         """Names of the guarded tensors that were written or swapped since recorded."""
-        return [e.name for e in self.entries.values() if _was_changed(e)]
+        suspects = {id(e.tensor) for b in self.batches for e in self._entries_of(b.differing())}
+        return [e.name for e in self.entries.values()
+                if _layout(e.tensor) != e.layout
+                or (e.batch is None or id(e.tensor) in suspects) and _was_changed(e)]
+
+    def _entries_of(self, tensors: list[torch.Tensor]) -> list[_Guarded]:
+        return [self.entries[id(t)] for t in tensors]
 
     def restore(self) -> bool:
         """Put every changed tensor back; False if some contents could not be restored."""
@@ -226,13 +263,62 @@ class TensorGuard:
                     continue
                 if _layout(e.tensor) != e.layout:
                     e.tensor.data = e.data
-                if e.copy is None:
+                backup = e.backup()
+                if backup is None:
                     ok = False
                     continue
-                for data, saved in zip(_plain(e.data), _plain(e.copy)):
+                for data, saved in zip(_plain(e.data), _plain(backup)):
                     data.copy_(saved)
                 e.version = _version(e.tensor)
         return ok
+
+
+#: a batch's tensors are at most this large (bytes), and it compares this much at a time
+_BATCH_TENSOR_BYTES = 1 << 20
+_BATCH_CHUNK_BYTES = 32 << 20
+
+
+def _batchable(t: torch.Tensor) -> bool:
+    return (type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.layout == torch.strided
+            and t.element_size() in _SAME_SIZE_INT and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and 0 < t.numel() * t.element_size() <= _BATCH_TENSOR_BYTES)
+
+
+class _Batch:
+    """Small dense CPU tensors of one element size, guarded together: the backup is one flat
+    integer tensor, and a check concatenates the tensors' flat integer views (made once,
+    over the data as it was) chunk by chunk and compares each chunk in one C call."""
+
+    def __init__(self, as_int: torch.dtype, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+        self.views = [t.data.view(-1).view(as_int) for t in tensors]
+        self.backup = torch.cat(self.views)
+        self.offsets = [0]
+        for v in self.views:
+            self.offsets.append(self.offsets[-1] + v.numel())
+        per_chunk = max(1, _BATCH_CHUNK_BYTES // torch.empty((), dtype=as_int).element_size())
+        self.chunks: list[tuple[int, int]] = []  # [start, stop) indices into tensors
+        start = 0
+        for i in range(1, len(tensors) + 1):
+            if i == len(tensors) or self.offsets[i + 1] - self.offsets[start] > per_chunk:
+                self.chunks.append((start, i))
+                start = i
+
+    def copy_of(self, index: int) -> torch.Tensor:
+        """The backup of tensor ``index``: a view of the flat backup with its dtype and shape
+        (made when asked: a guard with thousands of tensors rarely needs one)."""
+        t = self.tensors[index]
+        return self.backup[self.offsets[index]:self.offsets[index + 1]].view(t.dtype).view(t.shape)
+
+    def differing(self) -> list[torch.Tensor]:
+        """The tensors of the chunks whose contents differ from the backup (a superset of
+        the written ones; their own comparison decides)."""
+        out: list[torch.Tensor] = []
+        for start, stop in self.chunks:
+            now = torch.cat(self.views[start:stop])
+            if not torch.equal(now, self.backup[self.offsets[start]:self.offsets[stop]]):
+                out.extend(self.tensors[start:stop])
+        return out
 
 
 def _backup(t: torch.Tensor) -> torch.Tensor:
@@ -253,6 +339,9 @@ def _plain(t: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _layout(t: torch.Tensor) -> tuple:
+    if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and t.device.type != "meta":
+        return ((t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.dtype, t.stride()),)
+
     def one(x: torch.Tensor) -> tuple:
         try:
             ptr = x.untyped_storage().data_ptr()
@@ -272,8 +361,9 @@ def _version(t: torch.Tensor) -> int:
 def _was_changed(e: _Guarded) -> bool:
     if _layout(e.tensor) != e.layout:
         return True
-    if e.copy is not None:  # the contents decide: a write of equal values changes nothing
-        return not all(map(_bytes_equal, _plain(e.data), _plain(e.copy)))
+    backup = e.backup()
+    if backup is not None:  # the contents decide: a write of equal values changes nothing
+        return not all(map(_bytes_equal, _plain(e.data), _plain(backup)))
     return _version(e.tensor) != e.version
 
 

@@ -1,4 +1,4 @@
-"""Shapes without a fake mode: fxopt's own rules for the ops of small conv nets and MLPs.
+"""Shapes without a fake mode: fxopt's own rules for the ops of conv nets, MLPs and transformers.
 
 Why: torch's ``FakeTensorMode()`` imports ``torch._dynamo`` in its constructor, and so do
 torch's Python meta kernels (``add``, ``relu``, ``mean``, ``cat`` on meta tensors run refs
@@ -582,6 +582,166 @@ def _getitem(env: Env, obj: Any, index: Any) -> Any:
     return obj[index]
 
 
+# --- transformers: matmuls, norms, attention, softmax, embeddings, views ---------------
+
+def matmul(env: Env, input: Any, other: Any) -> torch.Tensor:  # noqa: A002
+    """``torch.matmul`` of operands of two or more dims: torch folds or batches them into
+    ``mm``/``bmm``, whose outputs are contiguous. A matrix times a batch is refused (torch
+    computes it transposed, with transposed strides)."""
+    a, b = _tensor(env, input), _tensor(env, other)
+    _require(a.dim() >= 2 and b.dim() >= 2 and (a.dim() >= b.dim() or a.dim() >= 3), "an unmodelled matmul rank")
+    _require(a.dtype in _FLOATING and a.dtype == b.dtype, "mixed dtypes")
+    _require(a.shape[-1] == b.shape[-2], "shapes that do not multiply")
+    batch = _broadcast(a.shape[:-2], b.shape[:-2])
+    return _contiguous((*batch, a.shape[-2], b.shape[-1]), a.dtype)
+
+
+def bmm(env: Env, input: Any, mat2: Any) -> torch.Tensor:  # noqa: A002
+    a, b = _tensor(env, input), _tensor(env, mat2)
+    _require(a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
+             "shapes that do not multiply")
+    _require(a.dtype in _FLOATING and a.dtype == b.dtype, "mixed dtypes")
+    return _contiguous((a.shape[0], a.shape[1], b.shape[2]), a.dtype)
+
+
+def _normalized(env: Env, x: torch.Tensor, normalized_shape: Any, *affine: Any) -> None:
+    """Checks of a layer or RMS norm: the trailing dims and the affine tensors' shapes."""
+    shape = [normalized_shape] if type(normalized_shape) is int else normalized_shape
+    _require(isinstance(shape, (list, tuple, torch.Size)) and all(type(n) is int for n in shape), "a bad shape")
+    _require(0 < len(shape) <= x.dim() and tuple(x.shape[x.dim() - len(shape):]) == tuple(shape),
+             "a normalized shape that does not end the input's")
+    for t in affine:
+        if t is not None:
+            t = _tensor(env, t)
+            _require(tuple(t.shape) == tuple(shape) and t.dtype == x.dtype, "an affine tensor of the wrong shape")
+
+
+def layer_norm(env: Env, input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,  # noqa: A002
+               eps: Any = 1e-5, cudnn_enable: Any = True) -> torch.Tensor:
+    """``F.layer_norm`` and ``aten.layer_norm`` of a contiguous input: a contiguous output."""
+    x = _tensor(env, input)
+    _require(x.dtype in _FLOATING and x.is_contiguous() and _number(eps), "an unmodelled layer norm input")
+    _normalized(env, x, normalized_shape, weight, bias)
+    return _contiguous(x.shape, x.dtype)
+
+
+def rms_norm(env: Env, input: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> torch.Tensor:  # noqa: A002
+    x = _tensor(env, input)
+    _require(x.dtype in _FLOATING and x.is_contiguous() and (eps is None or _number(eps)),
+             "an unmodelled RMS norm input")
+    _normalized(env, x, normalized_shape, weight)
+    return _contiguous(x.shape, x.dtype)
+
+
+def softmax(env: Env, input: Any, dim: Any, _stacklevel: int = 3, dtype: Any = None) -> torch.Tensor:  # noqa: A002
+    """``softmax``/``log_softmax`` over a given dim of a contiguous floating-point input."""
+    x = _tensor(env, input)
+    _require(x.dtype in _FLOATING and x.is_contiguous(), "an unmodelled softmax input")
+    _require(dtype is None or dtype in _FLOATING, "an unmodelled dtype")
+    _dims(dim, x.dim())
+    return _contiguous(x.shape, x.dtype if dtype is None else dtype)
+
+
+def _aten_softmax(env: Env, input: Any, dim: Any, half_to_float: Any) -> torch.Tensor:  # noqa: A002
+    _require(half_to_float is False, "softmax to float")
+    return softmax(env, input, dim)
+
+
+def _tensor_softmax(env: Env, input: Any, dim: Any, dtype: Any = None) -> torch.Tensor:  # noqa: A002
+    return softmax(env, input, dim, dtype=dtype)
+
+
+def scaled_dot_product_attention(env: Env, query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: Any = 0.0, is_causal: Any = False, scale: Any = None,
+                                 enable_gqa: Any = False) -> torch.Tensor:
+    """SDPA without a mask or dropout, on the CPU: FakeTensor propagation runs the math
+    path's decomposition (whatever kernel the real tensors would pick), whose output is laid
+    out like the query. Other devices are refused: their kernel choice, and so the layout, differs."""
+    q, k, v = _tensor(env, query), _tensor(env, key), _tensor(env, value)
+    _require(env.device.type == "cpu", "attention off the CPU")
+    _require(attn_mask is None and dropout_p == 0.0 and enable_gqa is False and type(is_causal) is bool
+             and (scale is None or _number(scale)), "an unmodelled attention call")
+    _require(q.dtype in _FLOATING and q.dtype == k.dtype == v.dtype, "mixed dtypes")
+    _require(q.dim() >= 3 and q.dim() == k.dim() == v.dim(), "an unmodelled rank")
+    _require(q.shape[:-2] == k.shape[:-2] == v.shape[:-2], "batch dims that differ")
+    _require(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2], "shapes that do not attend")
+    shape = (*q.shape[:-1], v.shape[-1])
+    if q.is_contiguous():
+        return _contiguous(shape, q.dtype)
+    # heads transposed in all three ((b, h, l, e) over (b, l, h, e), as transformers make
+    # them): the decomposition's output is laid out like the query
+    _require(v.shape[-1] == q.shape[-1] and all(_dense_strides(t) and t.stride(-1) == 1 and
+                                                _stride_order(t) == _stride_order(q) for t in (q, k, v)),
+             "an unmodelled layout")
+    return _fresh(shape, q.stride(), q.dtype)
+
+
+def _stride_order(t: torch.Tensor) -> list[int]:
+    """The dims from outermost to innermost (ties by position)."""
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+
+
+def embedding(env: Env, input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,  # noqa: A002
+              norm_type: Any = 2.0, scale_grad_by_freq: Any = False, sparse: Any = False) -> torch.Tensor:
+    """``F.embedding``: rows of ``weight`` gathered into a new contiguous tensor."""
+    idx, w = _tensor(env, input), _tensor(env, weight)
+    _require(idx.dtype in (torch.int64, torch.int32) and w.dim() == 2 and max_norm is None, "an unmodelled embedding")
+    _require(padding_idx is None or type(padding_idx) is int, "a bad padding index")
+    return _contiguous((*idx.shape, w.shape[1]), w.dtype)
+
+
+def _aten_embedding(env: Env, weight: Any, indices: Any, padding_idx: Any = -1, scale_grad_by_freq: Any = False,
+                    sparse: Any = False) -> torch.Tensor:
+    return embedding(env, indices, weight, padding_idx)
+
+
+def _apply_view(env: Env, view: Callable[..., Any], input: Any, args: tuple, kwargs: dict) -> Any:  # noqa: A002
+    """``view(input, *args, **kwargs)`` on the meta value itself: torch's own C++ view code, so
+    shapes, strides, offsets and the shared storage are exactly a FakeTensor run's."""
+    x = _tensor(env, input)
+    _require(x.device.type == "meta", "a view of a tensor that is not a value of this propagation")
+    _require(all(isinstance(a, (int, list, tuple, torch.Size)) for a in (*args, *kwargs.values())),
+             "an unmodelled argument")
+    with torch.no_grad():
+        return view(x, *args, **kwargs)
+
+
+def _meta_view(name: str) -> Callable[..., Any]:
+    """The view method ``name`` (``transpose``, ``permute``, ``split``...) of the meta value."""
+    def rule(env: Env, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        return _apply_view(env, getattr(torch.Tensor, name), input, args, kwargs)
+    return rule
+
+
+#: ATen view ops by ``name`` or ``name.overload``
+_ATEN_VIEWS = ("transpose.int", "permute", "unsqueeze", "t", "squeeze.dim", "expand", "select.int", "slice.Tensor",
+               "split.Tensor", "split_with_sizes", "chunk", "narrow", "unbind.int")
+
+
+def _aten_view(name: str) -> Callable[..., Any]:
+    """The ATen view op ``name``, called on the meta value (C++ view kernels)."""
+    packet, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+    def rule(env: Env, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        return _apply_view(env, op, input, args, kwargs)
+    return rule
+
+
+def _ints_op(op: Callable[[Any, Any], Any], tensor_rule: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``operator.X`` of two ints (sizes read off a shape: ``d // heads``), else the tensor rule."""
+    def rule(env: Env, a: Any, b: Any, **kwargs: Any) -> Any:
+        if type(a) is int and type(b) is int and not kwargs:
+            return op(a, b)
+        _require(tensor_rule is not None, "an operation on non-integers")
+        return tensor_rule(env, a, b, **kwargs)
+    return rule
+
+
+def _guards_fn(env: Env, *args: Any) -> None:
+    """torch.export's input-guard call (``_guards_fn``): returns nothing."""
+
+
 # --- fxopt's own fused ops: their fake kernels are these compositions (fxopt.compile.fused_ops) --
 
 _ADD, _SUB, _MUL, _DIV = _arith("add"), _arith("sub"), _arith("mul"), _arith("div")
@@ -633,9 +793,13 @@ for _name, _rule in _ACTIVATIONS.items():
     _functions(_rule, getattr(torch, _name, None), getattr(F, _name, None))
     _functions(_inplace(_rule), getattr(torch, _name + "_", None), getattr(F, _name + "_", None))
 _functions(gelu, F.gelu)
-_functions(_ADD, operator.add, torch.add)
-_functions(_SUB, operator.sub, torch.sub)
-_functions(_MUL, operator.mul, torch.mul)
+_functions(_ints_op(operator.add, _ADD), operator.add)
+_functions(_ints_op(operator.sub, _SUB), operator.sub)
+_functions(_ints_op(operator.mul, _MUL), operator.mul)
+_functions(_ints_op(operator.floordiv, None), operator.floordiv)
+_functions(_ADD, torch.add)
+_functions(_SUB, torch.sub)
+_functions(_MUL, torch.mul)
 _functions(_DIV, operator.truediv, torch.div)
 _functions(_inplace_binary(_ADD), operator.iadd)
 _functions(_inplace_binary(_SUB), operator.isub)
@@ -657,6 +821,19 @@ _functions(cat, torch.cat)
 _functions(view, torch.reshape)
 _functions(flatten, torch.flatten)
 _functions(dropout, F.dropout)
+_functions(matmul, torch.matmul, operator.matmul)
+_functions(bmm, torch.bmm)
+_functions(layer_norm, F.layer_norm)
+_functions(rms_norm, getattr(F, "rms_norm", None))
+_functions(softmax, F.softmax, F.log_softmax)
+_functions(_tensor_softmax, torch.softmax, torch.log_softmax)
+_functions(scaled_dot_product_attention, F.scaled_dot_product_attention)
+_functions(embedding, F.embedding)
+#: views computed by torch's C++ view code on the meta value (``_meta_view``)
+_VIEWS = ("transpose", "permute", "unsqueeze", "squeeze", "t", "split", "chunk", "narrow", "select",
+          "expand", "unbind")
+for _view in _VIEWS:
+    _functions(_meta_view(_view), getattr(torch, _view, None))
 _functions(_getattr, builtins.getattr)
 _functions(_getitem, operator.getitem)
 
@@ -670,11 +847,26 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "sum": _SUM, "mean": _MEAN, "view": view, "reshape": view, "flatten": flatten,
     "float": _cast(torch.float32), "half": _cast(torch.float16), "double": _cast(torch.float64),
     "bfloat16": _cast(torch.bfloat16), "to": to, "contiguous": contiguous, "size": size, "dim": dim,
+    "matmul": matmul, "bmm": bmm, "softmax": _tensor_softmax, "log_softmax": _tensor_softmax,
+    **{name: _meta_view(name) for name in _VIEWS},
 }
 
-#: ATen and fxopt ops (``.default``, or the packet of an op with no other overload), by qualified name
+#: ATen and fxopt ops by qualified name (``.default``, or the packet of an op with no other
+#: overload), or by ``name.overload`` for the others
 _OVERLOADS: dict[str, Callable[..., Any]] = {
     "aten::convolution": convolution,
+    "aten::linear": linear, "aten::matmul": matmul, "aten::mm": mm, "aten::bmm": bmm,
+    "aten::layer_norm": layer_norm, "aten::rms_norm": rms_norm,
+    "aten::softmax.int": _tensor_softmax, "aten::log_softmax.int": _tensor_softmax,
+    "aten::_softmax": _aten_softmax, "aten::_log_softmax": _aten_softmax,
+    "aten::scaled_dot_product_attention": scaled_dot_product_attention,
+    "aten::embedding": _aten_embedding,
+    "aten::gelu": gelu, "aten::silu": relu, "aten::relu": relu, "aten::sigmoid": relu, "aten::tanh": relu,
+    "aten::add.Tensor": _ADD, "aten::sub.Tensor": _SUB, "aten::mul.Tensor": _MUL, "aten::div.Tensor": _DIV,
+    "aten::add.Scalar": _ADD, "aten::mul.Scalar": _MUL,
+    "aten::cat": cat, "aten::view": view, "aten::reshape": view, "aten::_unsafe_view": view,
+    "aten::dropout": dropout,
+    **{f"aten::{name}": _aten_view(name) for name in _ATEN_VIEWS},
     "fxopt::add_relu": _add_relu,
     "fxopt::conv_bias_relu": _conv_bias_relu,
     "fxopt::conv_bias_add_relu": _conv_bias_add_relu,
@@ -690,14 +882,24 @@ _MODULE_ACTIVATIONS: dict[type, Callable[..., Any]] = {
     nn.ReLU: relu, nn.ReLU6: relu, nn.Sigmoid: relu, nn.Tanh: relu, nn.SiLU: relu, nn.Hardswish: relu,
     nn.Hardsigmoid: relu, nn.Hardtanh: relu, nn.LeakyReLU: relu, nn.ELU: relu,
 }
+_RMS_NORM = getattr(nn, "RMSNorm", None)
 _MODULE_KINDS = frozenset({*_CONVS, *_CONV_TRANSPOSES, *_BATCH_NORM_RANKS, *_DROPOUTS, *_MODULE_ACTIVATIONS,
                            nn.GELU, nn.Linear, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten,
-                           nn.Identity})
+                           nn.Identity, nn.LayerNorm, nn.Embedding, nn.Softmax, nn.LogSoftmax,
+                           *([_RMS_NORM] if _RMS_NORM is not None else [])})
+#: torch.export's ``_guards_fn`` (a module class torch keeps private), by qualified name
+_GUARDS_FN = "torch.export._unlift.GuardsFn"
+
+
+def _is_guards_fn(kind: type) -> bool:
+    return f"{kind.__module__}.{kind.__qualname__}" == _GUARDS_FN
 
 
 def _module_rule(env: Env, module: nn.Module, args: tuple, kwargs: dict) -> Any:
     """A ``torch.nn`` module call, as the functional call its ``forward`` makes."""
     kind = type(module)
+    if _is_guards_fn(kind):
+        return _guards_fn(env, *args)
     _require(kind in _MODULE_KINDS, f"no rule for {kind.__name__}")
     _require(not (module._forward_hooks or module._forward_pre_hooks or nn.modules.module._global_forward_hooks
                   or nn.modules.module._global_forward_pre_hooks), "a module with hooks")
@@ -732,6 +934,16 @@ def _module_rule(env: Env, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         return flatten(env, x, module.start_dim, module.end_dim)
     if kind is nn.Identity:
         return x
+    if kind is nn.LayerNorm:
+        return layer_norm(env, x, module.normalized_shape, module.weight, module.bias, module.eps)
+    if kind is _RMS_NORM:
+        return rms_norm(env, x, module.normalized_shape, module.weight, module.eps)
+    if kind is nn.Embedding:
+        _require(module.max_norm is None, "an embedding with a max norm")
+        return embedding(env, x, module.weight, module.padding_idx)
+    if kind in (nn.Softmax, nn.LogSoftmax):
+        _require(module.dim is not None, "a softmax over an implicit dim")
+        return softmax(env, x, module.dim)
     if kind is nn.GELU:
         return gelu(env, x, module.approximate)
     return _MODULE_ACTIVATIONS[kind](env, x, bool(getattr(module, "inplace", False)))
@@ -748,7 +960,7 @@ def has_rule(gm: fx.GraphModule, node: fx.Node) -> bool:
             kind = type(gm.get_submodule(node.target))
         except AttributeError:
             return False
-        return kind in _MODULE_KINDS
+        return kind in _MODULE_KINDS or _is_guards_fn(kind)
     return node.op == "call_function" and _function_rule(node.target) is not None
 
 
@@ -756,7 +968,8 @@ def has_rule(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 def _function_rule(target: Any) -> Callable[..., Any] | None:
     if isinstance(target, torch._ops.OpOverload):
-        return _OVERLOADS.get(target._schema.name) if target._overloadname == "default" else None
+        name = target._schema.name
+        return _OVERLOADS.get(name if target._overloadname == "default" else f"{name}.{target._overloadname}")
     if isinstance(target, torch._ops.OpOverloadPacket):  # one overload only: no resolution by arguments
         rule = _OVERLOADS.get(target._qualified_op_name)
         return rule if rule is not None and target.overloads() == ["default"] else None

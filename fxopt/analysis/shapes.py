@@ -22,6 +22,7 @@ whole graph: no graph mixes the two kinds of value.
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,8 +246,12 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode | None:
             gm.meta.pop(META_VALUES_DEVICE, None)
             return adopted
     example_inputs = getattr(ctx, "example_inputs", None)
-    if getattr(ctx, "meta_values", False) and propagate_meta_values(gm, example_inputs):
-        return None
+    if getattr(ctx, "meta_values", False):
+        done = propagate_meta_values(gm, example_inputs, getattr(ctx, "meta_record", None))
+        if hasattr(ctx, "meta_record"):
+            ctx.meta_record = done
+        if done is not None:
+            return None
     state = getattr(ctx, "fake_state", None)
     mode, fake_inputs = fake_mode_for(gm, example_inputs, state.mode if state is not None else None)
     if state is None or state.mode is not mode:
@@ -266,55 +271,140 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode | None:
     return mode
 
 
-def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any) -> bool:
-    """Give every node its meta value by fxopt's shape rules; False, with the graph
-    untouched, where some node has no rule or a tensor is not a plain tensor on the one
-    device. Inputs are the example inputs, else the meta values the placeholders carry."""
+def propagate_meta_values(gm: fx.GraphModule, example_inputs: Any, previous: MetaRecord | None = None,
+                          *, record: bool = True) -> MetaRecord | None:
+    """Give every node its meta value by fxopt's shape rules; None, with the graph untouched,
+    where some node has no rule or a tensor is not a plain tensor on the one device. Inputs
+    are the example inputs, else the meta values the placeholders carry.
+
+    With the ``previous`` propagation's record of this graph, only the nodes a pass touched
+    and those downstream of them are evaluated again (:class:`MetaRecord`). ``record=False``
+    only checks that the graph runs on these inputs: no node's metadata is written."""
     nodes = list(gm.graph.nodes)
     if not all(has_rule(gm, n) for n in nodes):
-        return False
+        return None
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if any(str(p.target).startswith("*") for p in placeholders):
-        return False
+        return None
     device = gm.meta.get(META_VALUES_DEVICE)
     if example_inputs is None:
         inputs = [p.meta.get("val") for p in placeholders]
+        identity = _ids(inputs)
+        if device is None:
+            device, inputs = _static_fakes_as_meta(inputs)
         if device is None or not all(_is_meta_value(v) for v in inputs):
-            return False
+            return None
     else:
         try:
             flat = list(gm.graph.process_inputs(*example_inputs))
         except Exception:  # the FakeTensor path explains what does not fit
-            return False
+            return None
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         device = tensors[0].device if tensors else next((t.device for t in gm.parameters()), torch.device("cpu"))
-        inputs = flat
+        inputs, identity = flat, _ids(flat)
     if len(inputs) != len(placeholders) or device.type == "meta":
-        return False
+        return None
     if any(t.device != device for t in (*gm.parameters(), *gm.buffers())):
-        return False
-    copies = _MetaCopies(Env(device))
+        return None
+    if previous is not None and (previous.copies.env.device != device or previous.inputs != identity):
+        previous = None
+    copies = previous.copies if previous is not None else _MetaCopies(Env(device))
+    out = MetaRecord(copies, identity)
     values: dict[fx.Node, Any] = {}
+    changed: set[fx.Node] = set()
+    position = iter(range(len(inputs)))
     try:
         with torch.no_grad():
             for node in nodes:
+                key = _key(gm, node)
                 if node.op == "placeholder":
-                    value = inputs[len(values)]
-                    values[node] = value if example_inputs is None else copies.of_input(value)
-                    continue
-                args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
-                if node.op == "output":
-                    values[node] = args[0]
-                elif node.op == "get_attr":
-                    values[node] = copies.of_attribute(gm, node)
+                    value = inputs[next(position)]
+                    if previous is not None and node in previous.values:  # the same inputs
+                        value = previous.values[node]
+                    elif example_inputs is not None:
+                        value = copies.of_input(value)
+                elif previous is not None and previous.reusable(node, key) and not changed.intersection(node._input_nodes):
+                    value = previous.values[node]
                 else:
-                    values[node] = evaluate(gm, node, args, kwargs, copies.env)
+                    args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
+                    if node.op == "output":
+                        value = args[0]
+                    elif node.op == "get_attr":
+                        value = copies.of_attribute(gm, node)
+                    else:
+                        value = evaluate(gm, node, args, kwargs, copies.env)
+                if previous is None or previous.values.get(node, _MISSING) is not value:
+                    changed.add(node)
+                values[node] = value
+                out.keys[node] = key
     except NoRule:
-        return False
-    for node, value in values.items():
-        record_value(node, value)
-    gm.meta[META_VALUES_DEVICE] = device
-    return True
+        return None
+    out.values = values
+    if record:  # every node whose recorded value is not this one (a reused value already is)
+        for node, value in values.items():
+            if node.meta.get("val", _MISSING) is not value:
+                record_value(node, value)
+        gm.meta[META_VALUES_DEVICE] = device
+    return out
+
+
+_MISSING = object()
+
+
+def _static_fakes_as_meta(values: list[Any]) -> tuple[torch.device | None, list[Any]]:
+    """The meta values standing for the placeholders' FakeTensors (torch.export's, make_fx's)
+    when every one is a plain fake tensor of static shape on one device; (None, values)
+    otherwise (symbolic shapes keep their fake mode: the FakeTensor path)."""
+    if not values or not all(isinstance(v, FakeTensor) for v in values):
+        return None, values
+    devices = {v.device for v in values}
+    if len(devices) != 1 or not all(type(n) is int for v in values for n in (*v.shape, *v.stride())):
+        return None, values
+    return devices.pop(), [torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype, device="meta",
+                                               requires_grad=v.requires_grad) for v in values]
+
+
+def _ids(inputs: list[Any]) -> tuple[int, ...]:
+    return tuple(map(id, inputs))
+
+
+def _key(gm: fx.GraphModule, node: fx.Node) -> tuple:
+    """What a node's value depends on besides its inputs' values, compared by identity: its
+    argument structures (fx replaces them whenever they change), and for a module call the
+    module and the tensors it holds (a pass may swap either)."""
+    if node.op != "call_module":
+        return node._args, node._kwargs
+    try:
+        module = gm.get_submodule(node.target)
+    except AttributeError:
+        return node._args, node._kwargs
+    return node._args, node._kwargs, module, *module._parameters.values(), *module._buffers.values()
+
+
+@dataclass
+class MetaRecord:
+    """One rules propagation of a graph: each node's value and what it was computed from.
+
+    The next propagation reuses a node's value when its key (:func:`_key`) holds the same
+    objects, no input of it was computed again, and its ``meta['val']`` is still that value
+    (a pass that wrote another one is believed). Attributes are re-read every time (cheap:
+    their meta copies are kept here, one per tensor, so storage sharing stays consistent
+    across propagations), so a weight swapped under the same name is seen."""
+
+    copies: _MetaCopies
+    #: the identities of the inputs propagated from
+    inputs: tuple[int, ...]
+    keys: dict[fx.Node, tuple] = field(default_factory=dict)
+    values: dict[fx.Node, Any] = field(default_factory=dict)
+
+    def reusable(self, node: fx.Node, key: tuple) -> bool:
+        if node.op == "get_attr":
+            return False
+        old = self.keys.get(node)
+        if old is None or len(old) != len(key) or not all(map(operator.is_, old, key)):
+            return False
+        value = self.values[node]
+        return node.op == "output" or node.meta.get("val", _MISSING) is value
 
 
 class _MetaCopies:

@@ -114,15 +114,15 @@ def test_default_pipeline_is_the_same_with_shape_rules_as_with_fake_tensors(name
 
 
 def test_a_graph_with_an_op_without_a_rule_falls_back_on_fake_tensors_for_every_node() -> None:
-    class WithLayerNorm(nn.Module):
+    class WithGroupNorm(nn.Module):  # group norm has no rule
         def __init__(self) -> None:
             super().__init__()
-            self.fc, self.norm = nn.Linear(6, 6), nn.LayerNorm(6)
+            self.fc, self.norm = nn.Linear(6, 6), nn.GroupNorm(2, 6)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.norm(self.fc(x)))
 
-    model = WithLayerNorm().eval()
+    model = WithGroupNorm().eval()
     gm = fxopt.optimize(model, example_inputs=(torch.randn(3, 6),))
     assert META_VALUES_DEVICE not in gm.meta
     assert _all_fake(gm) and len(_tensors(gm)) == len(gm.graph.nodes)  # every node, not only the norm
@@ -183,3 +183,51 @@ def test_value_device_is_the_real_device_a_meta_value_stands_for():
     assert value_device(node) == torch.device("cuda", 1)
     node.meta["val"] = torch.empty(2, 3)  # a real (or fake) value answers for itself
     assert value_device(node) == torch.device("cpu")
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _layouts(gm: fx.GraphModule) -> list[Any]:
+    return [(n.name, tuple(v.shape), v.stride(), v.dtype) if isinstance(v := n.meta.get("val"), torch.Tensor)
+            else (n.name, v) for n in gm.graph.nodes]
+
+
+def test_a_repropagation_evaluates_only_what_a_change_reaches() -> None:
+    """Nodes upstream of a rewritten one keep their very values; the rewritten one and
+    everything downstream get new ones, equal to a full propagation's; a module swapped
+    under the same name is seen."""
+    from fxopt.analysis.shapes import propagate_meta_values
+
+    gm = fx.symbolic_trace(_Chain().eval())
+    x = torch.randn(3, 6)
+    first = propagate_meta_values(gm, (x,))
+    assert first is not None
+    nodes = list(gm.graph.nodes)
+    middle = next(n for n in nodes if n.op == "call_module" and n.target == "layers.4")
+    with gm.graph.inserting_after(middle):
+        widened = gm.graph.call_function(torch.cat, ((middle, middle), 1))  # (3, 6) -> (3, 12)
+    middle.replace_all_uses_with(widened, delete_user_cb=lambda user: user is not widened)
+    setattr(gm.get_submodule("layers"), "5", nn.Linear(12, 6))  # the next layer takes the wider input
+    old = {n: n.meta["val"] for n in nodes}
+    second = propagate_meta_values(gm, (x,), first)
+    assert second is not None
+    position = nodes.index(middle)
+    assert all(n.meta["val"] is old[n] for n in nodes[:position + 1])
+    assert all(n.meta["val"] is not old[n] for n in nodes[position + 1:])
+    fresh = fx.GraphModule(gm, gm.graph)  # the same graph, propagated from nothing
+    for n in fresh.graph.nodes:
+        n.meta.pop("val", None)
+    assert propagate_meta_values(fresh, (x,)) is not None
+    assert _layouts(gm) == _layouts(fresh)
+    assert tuple(widened.meta["val"].shape) == (3, 12)
+    gm.recompile()
+    assert gm(x).shape == nodes[-1].meta["val"].shape

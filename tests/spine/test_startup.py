@@ -10,6 +10,8 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch._inductor", "torch._dynamo", "triton", "numba", "sympy", "hypothesis",
          "networkx", "graphviz", "tabulate")
 
@@ -63,6 +65,34 @@ def test_first_default_optimize_of_a_conv_net_loads_neither_dynamo_nor_sympy():
         "assert all(n.meta['val'].is_meta for n in gm.graph.nodes)",
     ])
     assert not loaded[0] & {"torch._dynamo", "sympy", "torch._inductor"}
+
+
+@pytest.mark.parametrize("capture", ["symbolic_trace", "export"])
+def test_first_default_optimize_of_a_transformer_loads_neither_dynamo_nor_sympy(capture):
+    # layer norm, linears, SDPA, GELU: their meta kernels import torch._dynamo, fxopt's shape
+    # rules do not. torch.export itself imports Dynamo, so that capture is checked for sympy's
+    # and Inductor's absence beyond what exporting loaded.
+    loaded = _heavy_loaded_after_each([
+        "import torch, fxopt\n"
+        "import torch.nn as nn, torch.nn.functional as F\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.ln, self.q, self.k, self.v = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        y = self.ln(x)\n"
+        "        a = F.scaled_dot_product_attention(self.q(y).view(2, 3, 2, 4).transpose(1, 2),\n"
+        "                                           self.k(y).view(2, 3, 2, 4).transpose(1, 2),\n"
+        "                                           self.v(y).view(2, 3, 2, 4).transpose(1, 2), is_causal=True)\n"
+        "        return x + F.gelu(a.transpose(1, 2).reshape(2, 3, 8)).softmax(-1)\n"
+        "model, inputs = nn.Sequential(Block(), Block()).eval(), (torch.randn(2, 3, 8),)\n"
+        + ("gm = torch.fx.symbolic_trace(model)" if capture == "symbolic_trace" else
+           "gm = torch.export.export(model, inputs).module()"),
+        "out = fxopt.optimize(gm, example_inputs=inputs)\n"
+        "assert all(n.meta['val'].is_meta for n in out.graph.nodes if isinstance(n.meta.get('val'), torch.Tensor))",
+        "torch.testing.assert_close(out(*inputs), model(*inputs))",  # imports sympy itself
+    ])
+    assert not (loaded[1] - loaded[0]) & {"torch._dynamo", "sympy", "torch._inductor"}
 
 
 def test_first_optimize_loads_only_fxopt_torch_and_the_standard_library_beyond_torchs_fake_mode():
