@@ -16,15 +16,16 @@ from fxopt.visualize.outline import build_outline
 from fxopt.visualize.scopes import CHUNK, Scope, origin_scopes, scope_tree
 
 import fxopt
+from fxopt.models import dropout_stack
 from fxopt.provenance import PROVENANCE_KEY
 
-from .test_report_large import PASSES, Stack
+from .test_report_large import PASSES
 
 BLOCKS = 100
 
 
 def optimized(blocks: int = BLOCKS) -> fx.GraphModule:
-    return fxopt.optimize(Stack(blocks).eval(), passes=PASSES, example_inputs=(torch.randn(2, 8),))
+    return fxopt.optimize(dropout_stack(blocks), passes=PASSES, example_inputs=(torch.randn(2, 8),))
 
 
 def pass_diffs(gm: fx.GraphModule):
