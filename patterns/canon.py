@@ -20,7 +20,7 @@ more than names into one form (the adapters below).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,14 +279,17 @@ def _param(owner: str | None, module: nn.Module, attr: str) -> Any:
     return ParamRef(f"{owner}.{attr}" if owner else attr)
 
 
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
 def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwargs: dict) -> Canon | None:
     """The canonical call an ``nn`` module performs, by type and attributes (never by the
     name it is installed under); None for modules that are not torch's."""
     if kwargs or len(args) != 1:
         return None
     (x,) = args
-    if type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                        nn.ConvTranspose3d):
+    if type(module) in _CONVS:
         if module.padding_mode != "zeros" or isinstance(module.padding, str):
             return None
         transposed = isinstance(module, nn.modules.conv._ConvTransposeNd)
@@ -294,7 +297,7 @@ def canonicalize_module(module: nn.Module, owner: str | None, args: tuple, kwarg
             x, _param(owner, module, "weight"), _param(owner, module, "bias"),
             list(module.stride), list(module.padding), list(module.dilation), transposed,
             list(module.output_padding), module.groups))
-    if type(module) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+    if type(module) in _BATCH_NORMS:
         # mirrors _BatchNorm.forward: without running stats, eval mode still uses batch stats
         training = module.training or (module.running_mean is None and module.running_var is None)
         use_stats = not module.training or module.track_running_stats
@@ -608,9 +611,33 @@ def canonicalize(node: fx.Node) -> Canon | None:
         if module is None:
             return None
         return canonicalize_module(module, node.target, tuple(node.args), dict(node.kwargs)) or Canon(
-            f"module:{type(module).__module__}.{type(module).__qualname__}",
-            (*node.args, *sorted(node.kwargs.items())))
+            _opaque_op(type(module)), (*node.args, *sorted(node.kwargs.items())))
     return None
+
+
+def _opaque_op(module_type: type) -> str:
+    """The op of a module call that has no canonical form: the module's class."""
+    return f"module:{module_type.__module__}.{module_type.__qualname__}"
+
+
+def module_ops(module_type: type) -> frozenset[str] | None:
+    """Every op a call of a ``module_type`` module can canonicalize to, whatever its
+    attributes and arguments (None where that is not known without its form): the op
+    :func:`canonicalize_module` gives the type, and the opaque op of the calls it leaves
+    alone (a padding mode, a keyword argument). Mirrors :func:`canonicalize_module` type
+    by type, so that a module call needs its form only where a rule may anchor there."""
+    opaque = _opaque_op(module_type)
+    if module_type in _CONVS:
+        return frozenset({"convolution", opaque})
+    if module_type in _BATCH_NORMS:
+        return frozenset({"batch_norm", opaque})
+    fn = functional_form(module_type)
+    if fn is None:
+        return frozenset({opaque})
+    op = _op_of(fn, False)  # the op canonicalize_call names for fn
+    if op is None:
+        return frozenset({opaque})
+    return frozenset({op, opaque}) if isinstance(op, str) else None
 
 
 def quick_op(node: fx.Node) -> str | None:
@@ -629,6 +656,37 @@ def quick_op(node: fx.Node) -> str | None:
     except TypeError:  # an unhashable target
         op = _op_of(*key)
     return _form_op(node) if op is _BY_FORM else op
+
+
+class AnchorOps:
+    """:func:`quick_op` for the nodes that may be the anchor of a rule anchored at one of
+    ``ops``, None for the others: a module call whose type can canonicalize to none of
+    them (:func:`module_ops`) is not canonicalized, which is most of the cost of a sweep
+    over a graph of module calls that no rule anchors at (linears, layer norms under an
+    index of relu and batch_norm). Made per application of rules, not kept: the answer
+    per module type lives as long as the rule index, and the module is looked up at
+    each call, so a module replaced in between is read as it is now."""
+
+    def __init__(self, ops: Collection[str]):
+        self.ops = ops
+        self.types: dict[type, bool] = {}  # module type -> whether it may be in ops
+
+    def __call__(self, node: fx.Node) -> str | None:
+        if node.op == "call_module":
+            owner = node.graph.owning_module
+            if owner is None:
+                return None  # no module, no form (as canonicalize reads it)
+            try:
+                kind = type(owner.get_submodule(node.target))
+            except AttributeError:
+                return None
+            may = self.types.get(kind)
+            if may is None:
+                ops = module_ops(kind)
+                may = self.types[kind] = ops is None or not ops.isdisjoint(self.ops)
+            if not may:
+                return None
+        return quick_op(node)
 
 
 def _form_op(node: fx.Node) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from fxopt.patterns.canon import Canon, ParamRef, quick_op
+from fxopt.patterns.canon import AnchorOps, Canon, ParamRef, quick_op
 from fxopt.patterns.matcher import Match, StructuralMatcher, SweepState, check_match, dead_uses
 from fxopt.patterns.meta import propagate_meta
 from fxopt.patterns.pattern import (
@@ -176,15 +176,16 @@ def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None
         index.setdefault(r.anchor_op, []).append(r)
     counts = dict.fromkeys((r.name for r in rules), 0)
     writer = _Writer(gm, pass_name, records, keep_existing_attrs)
+    anchor_op = AnchorOps(index)
     for _ in range(max_rounds):
-        if not _sweep(gm, index, counts, writer):
+        if not _sweep(gm, index, anchor_op, counts, writer):
             break
     writer.remove_dead_attributes()
     return counts
 
 
-def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, int],
-           writer: _Writer) -> bool:
+def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], anchor_op: AnchorOps,
+           counts: dict[str, int], writer: _Writer) -> bool:
     """One forward pass over the graph; True if another could find more (a rewrite created
     a node some rule anchors at, or a match was refused before a later rewrite, which may
     have removed the reason)."""
@@ -195,7 +196,7 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
     for node in nodes:
         if node in writer.erased:
             continue
-        candidates = index.get(quick_op(node))
+        candidates = index.get(anchor_op(node))
         if not candidates:
             continue
         for r in candidates:
@@ -211,16 +212,16 @@ def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], counts: dict[str, i
                 continue
             created = writer.rewrite(m, r)
             counts[r.name] += 1
-            again = again or refused or _anchors_any(created, index)
+            again = again or refused or _anchors_any(created, index, anchor_op)
             break
     return again
 
 
-def _anchors_any(created: list[fx.Node], index: dict[str, list[Rule]]) -> bool:
+def _anchors_any(created: list[fx.Node], index: dict[str, list[Rule]], anchor_op: AnchorOps) -> bool:
     """Whether some rule anchors at a node a rewrite created (then another sweep may find
     more); a plain loop: ``any()`` of a generator costs a generator per rewrite."""
     for new in created:  # noqa: SIM110
-        if quick_op(new) in index:
+        if anchor_op(new) in index:
             return True
     return False
 
@@ -466,8 +467,9 @@ def find_matches(gm: fx.GraphModule, pattern: Callable | Rule, **constraints: Co
     matcher = StructuralMatcher(r.pattern, {})
     taken: set[fx.Node] = set()
     found = []
+    anchor_op = AnchorOps((r.anchor_op,))
     for node in nodes:
-        if quick_op(node) != r.anchor_op:
+        if anchor_op(node) != r.anchor_op:
             continue
         state = matcher.match(node)
         if state is None:

@@ -331,3 +331,49 @@ def test_call_plans_bind_like_the_schema(target, args, kwargs) -> None:
     node = graph.call_function(target, call_args, kwargs)
     expected = tuple(_arguments(target, op_name(target), call_args, dict(kwargs), False))
     assert fp.canon.canonicalize(node).args == expected
+
+
+class _Mine(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _module_calls() -> dict[str, nn.Module]:
+    """Every module of the lists above (and the other attribute values), torch.nn's other
+    families, and modules left opaque (a padding mode, a module of the user's)."""
+    found = {name: op.module() for name, op in OPS.items()}
+    found.update({f"other {name}": op.other() for name, op in OPS.items() if op.other is not None})
+    for name in NOT_ONE_OP:
+        try:
+            found[name] = getattr(nn, name)(*((4,) if "Norm" in name else ()))
+        except Exception:
+            continue  # needs arguments of its own (MultiheadAttention, ...)
+    found.update({
+        "Conv2d": nn.Conv2d(4, 4, 3), "ConvTranspose1d": nn.ConvTranspose1d(4, 4, 3),
+        "Conv2d reflect": nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
+        "Conv2d same": nn.Conv2d(4, 4, 3, padding="same"), "BatchNorm1d train": nn.BatchNorm1d(4),
+        "Linear": nn.Linear(6, 6), "Dropout": nn.Dropout(), "Identity": nn.Identity(),
+        "Flatten": nn.Flatten(), "Embedding": nn.Embedding(4, 6), "mine": _Mine(),
+    })
+    return found
+
+
+@pytest.mark.parametrize("name", list(_module_calls()))
+def test_module_ops_cover_every_form(name: str) -> None:
+    """The anchor index skips a module call whose type cannot be a rule's anchor op
+    (``module_ops``) without canonicalizing it: the op of its form must be among them,
+    called with one argument or with a keyword (which leaves it opaque)."""
+    from fxopt.patterns.canon import canonicalize, module_ops
+
+    module = _module_calls()[name]
+    root = nn.Module()
+    root.m = module
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    calls = [graph.call_module("m", (x,)), graph.call_module("m", (x,), {"extra": 1})]
+    graph.output(calls[0])
+    fx.GraphModule(root, graph)  # owns the graph: the calls find "m" through it
+    ops = module_ops(type(module))
+    for call in calls:
+        form = canonicalize(call)
+        assert ops is None or form.op in ops, (name, form.op, ops)
