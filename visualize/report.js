@@ -9,6 +9,10 @@
   var READABLE_PX = 10; // the smallest label text of a diff's changes opens at least this tall
   function panZoom(figure) {
     if (instances.has(figure)) return instances.get(figure);
+    var box = figure.getBoundingClientRect();
+    // not laid out yet (a level just opened can intersect with no height): svg-pan-zoom would
+    // fit the drawing at zoom 0, and every later zoom would invert a singular matrix
+    if (!box.width || !box.height) return null;
     var svg = figure.querySelector("svg");
     svg.setAttribute("width", "100%");
     svg.setAttribute("height", "100%");
@@ -88,7 +92,7 @@
     figure.querySelector(".fx-whole-button").textContent = whole ? "\u25CE changes (f)" : "\u2922 whole graph (f)";
   }
   function toggleWhole(figure) {
-    panZoom(figure);
+    if (!panZoom(figure)) return;
     if (figure.classList.contains("fx-whole")) showChanges(figure); else showWhole(figure);
   }
   function addWholeButton(figure) {
@@ -111,9 +115,14 @@
     return best;
   }
   var figures = document.querySelectorAll(".fx-zoom");
+  function whenLaidOut(figure, frames) { // zoom/pan once the figure has a size (a few frames)
+    if (figure.isConnected && !panZoom(figure) && frames > 0) {
+      requestAnimationFrame(function () { whenLaidOut(figure, frames - 1); });
+    }
+  }
   var observer = new IntersectionObserver(function (entries) {
     entries.forEach(function (e) {
-      if (e.isIntersecting) { panZoom(e.target); observer.unobserve(e.target); }
+      if (e.isIntersecting) { observer.unobserve(e.target); whenLaidOut(e.target, 60); }
     });
   });
   figures.forEach(function (f) { observer.observe(f); });
@@ -226,6 +235,7 @@
     var figure = node.closest(".fx-zoom");
     figure.scrollIntoView({block: "center"});
     var pz = panZoom(figure);
+    if (!pz) return; // not laid out: it opens on the drawing's own view once it is
     if (pz.getSizes().realZoom < 1) setRealZoom(pz, 1); // readable: 1 px per SVG unit
     centreOn(figure, boxOf(figure, node));
   }
