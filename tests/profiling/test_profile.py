@@ -68,8 +68,15 @@ def test_node_times_add_up_to_the_end_to_end_time():
     # fastest of three profiles is compared with the fastest plain timing, and the bound
     # only catches gross accounting errors (a run counted 3 times, a missing division); the
     # 10 % figure is measured by bench/profile_gpu.py
-    node_s = min(r.node_time_s for r in results)
-    eager_s = min(r.eager_s for r in results)
+    # A systematic error fails every round; preemption rarely spoils three rounds in a row
+    # (CI once saw a plain-call minimum of 51 ms against 12 ms of node time).
+    for _ in range(3):
+        node_s = min(r.node_time_s for r in results)
+        eager_s = min(r.eager_s for r in results)
+        if eager_s / 3 <= node_s <= 3 * eager_s:
+            break
+        with torch.no_grad():
+            results += [profile(gm, (x,), warmup=1, repeat=3) for _ in range(3)]
     assert eager_s / 3 <= node_s <= 3 * eager_s
     assert sum(n.share for n in result.nodes) == pytest.approx(1.0)
     layers = [n for n in result.nodes if n.kind == "matmul"]
