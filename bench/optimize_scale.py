@@ -33,35 +33,20 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 
 import fxopt
 from fxopt.context import PassContext
 from fxopt.manager import check_example_inputs
+from fxopt.models import transformer_stack
 from fxopt.optimize import copy_sharing_tensors
 
 NODES_PER_BLOCK = 12
 
 
-class Block(nn.Module):
-    """One transformer block: 12 nodes under symbolic_trace."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ln1(x)
-        x = x + self.o(F.scaled_dot_product_attention(self.q(y), self.k(y), self.v(y), is_causal=True))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
 def model_of(nodes: int, d: int) -> tuple[nn.Module, tuple[torch.Tensor]]:
     blocks = max(1, round(nodes / NODES_PER_BLOCK))
     torch.manual_seed(0)
-    return nn.Sequential(*[Block(d) for _ in range(blocks)]).eval(), (torch.randn(2, 8, d),)
+    return transformer_stack(blocks, d), (torch.randn(2, 8, d),)
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[tuple[float, float]], Any]:

@@ -368,3 +368,25 @@ class DropoutStack(nn.Module):
 def dropout_stack(blocks: int, width: int = 8) -> nn.Module:
     """A :class:`DropoutStack` in eval mode (the dropouts are the ones ``remove_dropout`` drops)."""
     return DropoutStack(blocks, width).eval()
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block, 12 nodes under ``symbolic_trace``: two layer norms, q/k/v/o
+    linears, causal SDPA (one head) and a GELU MLP of ``mlp * d`` hidden units."""
+
+    def __init__(self, d: int, mlp: int = 4):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, mlp * d), nn.Linear(mlp * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln1(x)
+        x = x + self.o(F.scaled_dot_product_attention(self.q(y), self.k(y), self.v(y), is_causal=True))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def transformer_stack(blocks: int, d: int, mlp: int = 4) -> nn.Module:
+    """``blocks`` :class:`TransformerBlock` in sequence, in eval mode: an LLM-shaped graph of
+    any size (12 nodes a block) for the optimize-cost benchmark and the large-graph tests."""
+    return nn.Sequential(*[TransformerBlock(d, mlp) for _ in range(blocks)]).eval()

@@ -6,24 +6,9 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 
 import fxopt
-
-
-class Block(nn.Module):
-    """12 nodes under symbolic_trace: layer norms, q/k/v/o linears, SDPA, a GELU MLP."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ln1(x)
-        x = x + self.o(F.scaled_dot_product_attention(self.q(y), self.k(y), self.v(y), is_causal=True))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+from fxopt.models import transformer_stack
 
 
 def _structure(gm: fx.GraphModule) -> list[tuple]:
@@ -44,7 +29,7 @@ def _rewrite_half_then_fail(gm: fx.GraphModule) -> None:
 
 def test_a_pass_failing_midway_on_a_10k_node_graph_leaves_the_input_intact():
     torch.manual_seed(0)
-    model = nn.Sequential(*[Block(4) for _ in range(834)]).eval()
+    model = transformer_stack(834, 4, mlp=2)
     gm = fx.symbolic_trace(model)
     assert len(gm.graph.nodes) >= 10_000
     x = torch.randn(2, 3, 4)
