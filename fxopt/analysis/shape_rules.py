@@ -370,6 +370,11 @@ def batch_norm(env: Env, input: Any, running_mean: Any, running_var: Any, weight
         if t is not None:
             t = _tensor(env, t)
             _require(tuple(t.shape) == (x.shape[1],) and t.dtype in _FLOATING, "statistics of the wrong shape")
+    if env.device.type == "cuda":
+        # cuDNN's kernel, which CUDA picks for most inputs, lays its output out by
+        # suggest_memory_format (contiguous or channels-last), not by the input's strides:
+        # only the layouts where both kernels agree are modelled
+        return _like(x, x.shape, x.dtype, _dense_layout(x))
     _require(_dense_strides(x), "a layout with gaps or overlaps")
     return _fresh(x.shape, x.stride(), x.dtype)  # empty_like: the input's own strides
 

@@ -668,3 +668,19 @@ def test_rules_agree_with_fake_tensor_propagation_long(family: str) -> None:
     g = Gen(f"shape-rules-long-{family}")
     for _ in range(20 * CASES):
         run_case(FAMILIES[family](g))
+
+
+def test_batch_norm_on_cuda_models_only_the_layouts_cudnn_and_native_agree_on():
+    """On CUDA, cuDNN's batch norm lays its output out by suggest_memory_format, the native
+    kernel by the input's own strides: the rule takes only contiguous and channels-last
+    inputs there (where both agree), and keeps a permuted input's strides on the CPU."""
+    from fxopt.analysis.shape_rules import Env, NoRule, batch_norm
+
+    stats = [torch.empty(4, device="meta") for _ in range(4)]
+    permuted = torch.empty(5, 2, 2, 4, 2, device="meta").permute(4, 3, 2, 1, 0)  # dense, odd order
+    assert batch_norm(Env(torch.device("cpu")), permuted, *stats).stride() == permuted.stride()
+    with pytest.raises(NoRule):
+        batch_norm(Env(torch.device("cuda")), permuted, *stats)
+    last = torch.empty(2, 4, 3, 5, device="meta").to(memory_format=torch.channels_last)
+    for device in ("cpu", "cuda"):
+        assert batch_norm(Env(torch.device(device)), last, *stats).stride() == last.stride()
