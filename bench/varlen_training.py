@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VARIANTS = ("fxopt", "inductor", "inductor-ro", "inductor-max-autotune-no-cudagraphs", "inductor-max-autotune")
+VARIANTS = ("fxopt", "fxopt-torch-attention", "inductor", "inductor-ro", "inductor-max-autotune-no-cudagraphs", "inductor-max-autotune")
 MODES = {"inductor": None, "inductor-ro": "reduce-overhead",
          "inductor-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs", "inductor-max-autotune": "max-autotune"}
 #: BERT-base: hidden size, heads, MLP width, layers, vocabulary, positions
@@ -146,10 +146,11 @@ def make_step(model: nn.Module) -> Callable:
 
 
 def compiled(variant: str, step: Callable, reports: list, dynamic: bool | None) -> Callable:
-    if variant == "fxopt":
+    if variant in ("fxopt", "fxopt-torch-attention"):  # the second: training graphs keep torch's SDPA
         import fxopt
 
-        return fxopt.compile(step, options={"reports": reports}, dynamic=dynamic)
+        options = {"reports": reports, "sdpa_in_training": variant == "fxopt"}
+        return fxopt.compile(step, options=options, dynamic=dynamic)
     if variant not in MODES:
         raise SystemExit(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     return torch.compile(step, mode=MODES[variant], dynamic=dynamic)

@@ -13,15 +13,26 @@ length ran a call in 0.74 ms at length 128 where the symbolic graph took 1.22 ms
 
 This pass replaces each such call with ``torch.ops.fxopt.sdpa``, an opaque op that calls
 ``F.scaled_dot_product_attention`` at run time, with the call's real sizes: the kernel is
-the one eager PyTorch picks for them. One layout is changed first: a mask broadcast along
-the key axis (stride 0 there, as ``mask[..., None].expand(...)`` makes it; Hugging Face's
-encoders build their padding mask so) is copied dense, since every fused kernel requires
-the mask's last stride to be 1 and eager would take the math path too (measured on BERT:
-with the mask as built, the op ran fp32 math; the copy is B x L x S bools). Inductor compiles
-everything around the op. Results equal eager's up to the kernel's rounding, not the fp32
-decomposition's; the op returns one fixed layout (``[B, L, H, E]``
-in memory, viewed as ``[B, H, L, E]``: what the fused kernels write), declared by its fake
-implementation, so that compiled code reading the output by strides reads it right.
+the one eager PyTorch picks for them. Inductor compiles everything around the op. Results
+equal eager's up to the kernel's rounding, not the fp32 decomposition's; the op returns one
+fixed layout (``[B, L, H, E]`` in memory, viewed as ``[B, H, L, E]``: what the fused kernels
+write), declared by its fake implementation, so that compiled code reading the output by
+strides reads it right.
+
+A mask constant along the key axis (stride 0 there, as ``mask[..., None].expand(...)``
+makes it, or one key column) says, per query row, "attend to every key" or "to none": its
+rows are the mask. Every fused kernel requires a mask's last stride to be 1, so eager runs
+such a mask on the math path, in fp32 for half-precision inputs (measured on BERT, whose
+encoder was built so). A dense copy (B x L x S) would let the fused kernels run, but on CUDA
+the memory-efficient kernel does not give a query row with no key the math path's zeros (a
+GPU run of the tests measured gradients 30x further from fp32 than eager's). So the op runs
+such a mask as what it is: attention with no mask (flash, where eager would have run the
+fp32 math), then the math path's result per row: a row that attends to nothing is zero; a
+float mask adds one constant to the row's scores, which softmax cancels (``-inf``: the row is
+zero; ``+inf`` or NaN: NaN, as the math path gives). No copy is made and nothing is saved
+for it. A float mask that needs its own gradient keeps the general path (its gradient is
+per element), as do masks with any other layout, which the op copies dense when the kernels
+need it.
 
 The op has a backward (``torch.library.register_autograd``), so training graphs are rewritten
 too: AOTAutograd, which runs after this torch-level pass, traces the op's formula into the
@@ -32,16 +43,6 @@ memory-efficient backward). What is saved for backward is the op's inputs (q, k,
 which the projections' graph mostly holds anyway; eager SDPA saves those plus its output and
 the log-sum-exp, so the op saves less, and pays for it with a second attention forward in
 the backward.
-
-A mask the pass finds broadcast along the key axis is made dense once per mask in the graph
-(one ``contiguous`` node shared by every call that uses it: all the layers of an encoder),
-not once per call: Inductor computes that copy with the mask, and a training graph saves the
-one copy for every layer's backward. The copy is made in the graph and not in a run-time
-cache keyed by the mask tensor: compiled kernels write their buffers through raw pointers,
-without bumping version counters, and Inductor reuses a dead buffer's memory for a new value,
-so no key made of a tensor's identity, address and version can tell an old mask from a new
-one there (and a CUDA-graph replay runs no Python to look one up). The op still copies a mask
-it is given with any other layout, as eager's kernels need.
 
 Only calls with a symbolic size are replaced (with static sizes Inductor's choice at
 compile time is the one eager makes), and never with ``dropout_p`` other than zero. Eager's
@@ -98,21 +99,40 @@ def _same_layout(t: Tensor, strides: tuple) -> bool:
     return all(n == 1 or have == want for n, have, want in zip(t.shape, t.stride(), strides, strict=True))
 
 
-def dense_key_axis(mask: Tensor | None) -> Tensor | None:
-    """``mask`` with a last (key) stride of 1: a copy where it is broadcast along that axis
-    (every fused kernel requires it), else ``mask`` itself; other broadcast axes (heads,
-    batch) stay views, as the kernels take those."""
-    if mask is None or mask.dim() == 0 or mask.shape[-1] == 1 or mask.stride(-1) == 1:
-        return mask
-    return mask.contiguous()
+def query_rows(mask: Tensor | None, is_causal: bool) -> Tensor | None:
+    """The mask's one key column (``[..., L, 1]``) where it is constant along the key axis
+    (stride 0 there, or a single column), else None: such a mask says per query row whether
+    the row attends to every key or to none (module docstring). With ``is_causal`` the mask
+    goes to SDPA, which refuses the pair as eager does."""
+    if mask is None or mask.dim() == 0 or is_causal or (mask.shape[-1] > 1 and mask.stride(-1) != 0):
+        return None
+    return mask.narrow(-1, 0, 1)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool,
+            scale: float | None, enable_gqa: bool, *, mask_grad: bool = False) -> Tensor:
+    """Eager SDPA's result, through the fused kernel eager would pick, or better: a mask
+    constant along the key axis runs as no mask plus the math path's per-row result, unless
+    its own gradient is wanted (that gradient is per element)."""
+    rows = None if mask_grad else query_rows(mask, is_causal)
+    if rows is None:
+        if mask is not None and mask.dim() > 0 and mask.shape[-1] > 1 and mask.stride(-1) != 1:
+            mask = mask.contiguous()  # every fused kernel needs a dense key axis
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+    if rows.dtype == torch.bool:
+        return out.masked_fill(~rows, 0)  # a row with no key to attend to: the math path's zeros
+    # a float row adds one constant to its scores, which softmax cancels: finite adds 0, +inf
+    # and NaN give NaN, -inf (no key) gives 0, each as the math path does
+    return (out + (rows * 0).to(out.dtype)).masked_fill(rows == float("-inf"), 0)
 
 
 @torch.library.impl(_LIB, "sdpa", "CompositeExplicitAutograd")
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool,
          scale: float | None, enable_gqa: bool) -> Tensor:
     """``F.scaled_dot_product_attention``, its kernel chosen now, in the fixed layout."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_key_axis(attn_mask), dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    out = _attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     shape, strides = _output_layout(q, v)
     if _same_layout(out, strides):
         return out
@@ -141,9 +161,7 @@ def sdpa_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tens
                                                                                 strict=True)]
     wanted = [t for t, n in zip(leaves, needs, strict=True) if n]
     with torch.enable_grad():
-        out = F.scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], attn_mask=dense_key_axis(leaves[3]),
-                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                             enable_gqa=enable_gqa)
+        out = _attend(*leaves, dropout_p, is_causal, scale, enable_gqa, mask_grad=needs[3])
         grads = torch.autograd.grad(out, wanted, grad)
     result = []
     for g, x in zip(grads, wanted, strict=True):
@@ -197,24 +215,6 @@ def _symbolic(value: Any) -> bool:
     return isinstance(value, Tensor) and not all(isinstance(n, int) for n in value.shape)
 
 
-def _key_broadcast(mask: Any) -> bool:
-    """Whether a traced mask is known to be broadcast along the key axis (stride 0 there, and
-    more than one key), read without a guard: a symbolic stride or length answers no, and the
-    op copies such a mask at run time if it must."""
-    return (isinstance(mask, Tensor) and mask.dim() > 0 and isinstance(mask.stride(-1), int)
-            and mask.stride(-1) == 0 and not (isinstance(mask.shape[-1], int) and mask.shape[-1] == 1))
-
-
-def _dense_copy(gm: fx.GraphModule, mask: fx.Node, first: fx.Node, dense: dict[fx.Node, fx.Node]) -> fx.Node:
-    """One ``mask.contiguous()`` node before ``first`` (the first call, in graph order, that
-    uses ``mask``), recorded in ``dense`` for the later calls that use the same mask."""
-    with gm.graph.inserting_before(first):
-        copy = gm.graph.call_method("contiguous", (mask,))
-    record_value(copy, _traced(mask).contiguous())
-    dense[mask] = copy
-    return copy
-
-
 @register_pass
 class DeferSdpaChoice(Pass):
     """Let attention with symbolic sizes choose its kernel at run time (torch.ops.fxopt.sdpa)
@@ -227,7 +227,7 @@ class DeferSdpaChoice(Pass):
     }
 
     def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
-        replaced, dense = 0, {}
+        replaced = 0
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in _SDPA_TARGETS:
                 continue
@@ -246,9 +246,6 @@ class DeferSdpaChoice(Pass):
                 continue  # no recorded values: nothing says the sizes are symbolic
             if self.options["symbolic_only"] and not any(_symbolic(v) for v in values):
                 continue
-            if isinstance(args["attn_mask"], fx.Node) and _key_broadcast(values[3]):
-                mask = args["attn_mask"]
-                args["attn_mask"] = dense.get(mask) or _dense_copy(gm, mask, node, dense)
             with gm.graph.inserting_before(node):
                 new = gm.graph.call_function(torch.ops.fxopt.sdpa.default, tuple(args.values()))
             value = _traced(node)

@@ -70,9 +70,9 @@ class BackendOptions:
     #: graph that cannot be replayed warns, naming the option and why
     training_cuda_graphs: bool | None = None
     #: also rewrite symbolic-size attention in training graphs (``fxopt.sdpa``'s backward runs
-    #: the fused kernels' forward again and differentiates it); checked against eager on CPU
-    #: only, not yet run under a GPU's CUDA-graph recording, so it waits for that to be default
-    sdpa_in_training: bool = False
+    #: the fused kernels' forward again and differentiates it); False keeps torch's SDPA there,
+    #: which Inductor compiles as the fp32 math fallback when a length is symbolic
+    sdpa_in_training: bool = True
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None

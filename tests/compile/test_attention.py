@@ -5,9 +5,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxopt
-import fxopt.compile.attention  # noqa: F401 - registers torch.ops.fxopt.sdpa
+from fxopt.compile import attention  # registers torch.ops.fxopt.sdpa
 
 
 class Attention(nn.Module):
@@ -27,7 +29,7 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, 32))
 
 
-def _compile(model, training_too: bool = False, **kwargs):
+def _compile(model, training_too: bool = True, **kwargs):
     reports = []
     options = {"reports": reports, "sdpa_in_training": training_too}
     return torch.compile(model, backend="fxopt", options=options, **kwargs), reports
@@ -154,16 +156,80 @@ def test_graph_without_recorded_values_is_left_alone():
     assert out.code == before
 
 
-def test_a_mask_broadcast_along_keys_is_made_dense_and_other_masks_pass_as_they_are():
-    from fxopt.compile.attention import dense_key_axis
+class _SdpaMasks(TorchDispatchMode):
+    """Records the mask of every fused or math SDPA kernel called below autograd."""
 
-    broadcast_keys = (torch.arange(6) >= 2).view(1, 1, 6, 1).expand(2, 1, 6, 6)  # how HF builds it
-    dense = dense_key_axis(broadcast_keys)
-    assert dense.stride(-1) == 1 and torch.equal(dense, broadcast_keys)
-    broadcast_heads = torch.rand(2, 1, 6, 6).expand(2, 4, 6, 6)  # the kernels take this view
-    assert dense_key_axis(broadcast_heads) is broadcast_heads
-    one_key = torch.rand(2, 1, 6, 1)
-    assert dense_key_axis(one_key) is one_key and dense_key_axis(None) is None
+    def __init__(self):
+        super().__init__()
+        self.masks = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.__name__.startswith(("_scaled_dot_product", "_safe_softmax")):
+            schema = [a.name for a in func._schema.arguments]
+            bound = dict(zip(schema, args)) | kwargs
+            self.masks.append((func.__name__, bound.get("attn_mask", bound.get("attn_bias"))))
+        return func(*args, **kwargs)
+
+
+ROW_MASKS = {  # constant along the key axis: per query row, every key or none
+    "bool, rows with no key": lambda: (torch.rand(2, 1, 6, 1) > 0.4).expand(2, 1, 6, 6),
+    "bool, one key column": lambda: torch.rand(2, 1, 6, 1) > 0.4,
+    "float, finite rows and rows with no key": lambda: torch.tensor(
+        [0.0, float("-inf"), 3.0, -7.5, -2.0, float("-inf")], dtype=torch.double).view(1, 1, 6, 1).expand(2, 4, 6, 6),
+}
+
+
+@pytest.mark.parametrize("case", ROW_MASKS)
+def test_a_mask_constant_along_keys_runs_with_no_mask_and_gives_the_math_paths_result(case):
+    """No fused kernel takes a mask with key stride 0, and on CUDA the memory-efficient one
+    gives a row with no key other values than the math path's zeros: the op runs no mask and
+    applies the rows itself. Values and gradients equal the math path's, NaNs included."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, dtype=torch.double, requires_grad=True) for _ in range(3))
+    mask = ROW_MASKS[case]()
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.4)
+    grad = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    got = torch.ops.fxopt.sdpa(q, k, v, mask, 0.0, False, 0.4, False)
+    got_grads = torch.autograd.grad(got, (q, k, v), grad)
+    with _SdpaMasks() as seen:  # the op's implementations, called directly: a mode sees inside them
+        attention.sdpa(q, k, v, mask, 0.0, False, 0.4, False)
+        attention.sdpa_backward(grad, q, k, v, mask, 0.0, False, 0.4, False, [True, True, True, False])
+    assert seen.masks and all(m is None for _, m in seen.masks), seen.masks
+    torch.testing.assert_close(got, want, equal_nan=True)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_a_float_row_of_inf_or_nan_gives_nan_as_the_math_path_does():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    mask = torch.tensor([0.0, float("inf"), float("nan"), 1.0]).view(1, 1, 4, 1).expand(1, 2, 4, 4)
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = torch.ops.fxopt.sdpa(q, k, v, mask, 0.0, False, None, False)
+    assert got[:, :, 1:3].isnan().all() and not got[:, :, ::3].isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_other_masks_reach_the_kernel_with_a_dense_key_axis():
+    """A mask broadcast over heads stays a view (the kernels take it); a float mask along the
+    keys whose own gradient is wanted takes the general path, and gets eager's gradient."""
+    q, k, v = (torch.randn(2, 4, 6, 8, dtype=torch.double, requires_grad=True) for _ in range(3))
+    heads = torch.rand(2, 1, 6, 6).expand(2, 4, 6, 6) > 0.3
+    heads[..., 0] = True
+    with _SdpaMasks() as seen:
+        attention.sdpa(q, k, v, heads, 0.0, False, None, False)
+    assert [m.stride() for _, m in seen.masks] == [heads.stride()]
+    bias = torch.randn(2, 1, 6, 1, dtype=torch.double, requires_grad=True)
+    expanded = bias.expand(2, 1, 6, 6)
+    out = torch.ops.fxopt.sdpa(q, k, v, expanded, 0.0, False, None, False)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, bias), grad)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=expanded), (q, bias), grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
 
 
 # --- training: the op's backward -------------------------------------------------------
@@ -204,16 +270,17 @@ def _grads(model, x, keep):
     return loss.detach(), x.grad, grads
 
 
-def test_by_default_training_graphs_keep_torchs_attention():
-    """Until the op's backward has run on a GPU, training graphs keep torch's call (the
-    option ``sdpa_in_training`` opts in)."""
-    model = Block("padding")
-    compiled, reports = _compile(model, dynamic=True)
-    for length in (5, 12):
-        x = torch.randn(3, length, 32)
-        _grads(compiled, x, torch.ones(3, length, dtype=torch.bool))
-    training = [r for r in reports if r.training]
-    assert training and all("torch.ops.fxopt.sdpa.default" not in r.code for r in training)
+def test_training_graphs_run_the_op_by_default_and_the_option_keeps_torchs_attention():
+    for options, rewritten in (({}, True), ({"sdpa_in_training": False}, False)):
+        torch._dynamo.reset()
+        reports = []
+        compiled = torch.compile(Block("padding"), backend="fxopt", options={"reports": reports, **options},
+                                 dynamic=True)
+        for length in (5, 12):
+            x = torch.randn(3, length, 32)
+            _grads(compiled, x, torch.ones(3, length, dtype=torch.bool))
+        training = [r for r in reports if r.training]
+        assert training and all(("torch.ops.fxopt.sdpa.default" in r.code) == rewritten for r in training)
 
 
 @pytest.mark.parametrize("mask", ["padding", "key broadcast", "learned bias"])
@@ -234,8 +301,8 @@ def test_training_with_a_symbolic_length_runs_the_op_and_its_gradients_are_eager
     training = [r for r in reports if r.training]
     assert training and all(r.code.count("torch.ops.fxopt.sdpa.default") == 2 and
                             "scaled_dot_product_attention(" not in r.code for r in training)
-    # a mask broadcast along the keys is copied dense once, for both layers
-    assert all(r.code.count(".contiguous()") == (mask == "key broadcast") for r in training)
+    # a mask broadcast along the keys reaches the op as it is: no dense copy
+    assert all(".contiguous()" not in r.code for r in training)
 
 
 def test_a_mask_written_in_place_or_replaced_between_calls_is_read_anew():
