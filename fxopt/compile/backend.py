@@ -14,7 +14,7 @@ Freezing (:mod:`fxopt.compile.freezing`). The weights of inference graphs become
 constants. After the user's passes, the layout passes of :mod:`fxopt.passes.layout` prepare
 the half-precision CUDA convolutions for cuDNN's tensor cores (channels-last weights, as
 Inductor's freezing does for the convolutions it sees, and RGB stems padded to 8 channels).
-On every graph (training graphs unless ``sdpa_in_training=False``), attention
+On every inference graph (training graphs too with ``sdpa_in_training=True``), attention
 whose sizes are symbolic calls ``F.scaled_dot_product_attention`` at run time
 (:mod:`fxopt.compile.attention`: Inductor would compile the fp32 math fallback). Training graphs are never frozen and inference-only
 passes are skipped on them, with a line in the report.

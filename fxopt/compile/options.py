@@ -70,9 +70,11 @@ class BackendOptions:
     #: graph that cannot be replayed warns, naming the option and why
     training_cuda_graphs: bool | None = None
     #: also rewrite symbolic-size attention in training graphs (``fxopt.sdpa``'s backward runs
-    #: the fused kernels' forward again and differentiates it); False keeps torch's SDPA there,
-    #: which Inductor compiles as the fp32 math fallback when a length is symbolic
-    sdpa_in_training: bool = True
+    #: the fused kernels' forward again and differentiates it). Off by default: on an H200, a
+    #: BERT-base step at lengths 128/384/256 ran 5-6% slower with it and reserved 11% more
+    #: than with torch's SDPA left to Inductor (bench/varlen_training.py): the recomputed
+    #: forward costs more than the fused kernels save at these lengths
+    sdpa_in_training: bool = False
     #: training graphs: recompute saved activations until each graph's predicted activation
     #: peak is at most this fraction of the stock partition's (fxopt.memory.budget)
     memory_budget: float | None = None

@@ -270,8 +270,9 @@ def _grads(model, x, keep):
     return loss.detach(), x.grad, grads
 
 
-def test_training_graphs_run_the_op_by_default_and_the_option_keeps_torchs_attention():
-    for options, rewritten in (({}, True), ({"sdpa_in_training": False}, False)):
+def test_training_graphs_keep_torchs_attention_by_default_and_the_option_runs_the_op():
+    """Off by default (a BERT-base training step ran slower with the op on an H200)."""
+    for options, rewritten in (({}, False), ({"sdpa_in_training": True}, True)):
         torch._dynamo.reset()
         reports = []
         compiled = torch.compile(Block("padding"), backend="fxopt", options={"reports": reports, **options},
