@@ -112,6 +112,8 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "host_cost": ([], _host_cost),
     "distributed": (["--compilers", "eager", "--wrappings", "ddp,fsdp-model"], _distributed),
     "training": (["--variants", "eager", "--steps", "2", "--repeats", "1", "--warmup", "1"], _training),
+    "grouped_conv_probe": ([], _fields("shape", "groups", "count", "channels_last", "nchw", "padded_32",
+                                       "cudnn_benchmark")),
 }
 
 
