@@ -34,6 +34,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "inplace": "fxopt.passes.inplace",
     "channels_last_weights": "fxopt.passes.layout",
     "pad_conv_channels": "fxopt.passes.layout",
+    "pad_group_width": "fxopt.passes.group_width",
     "defer_sdpa_choice": "fxopt.compile.attention",
     "plan_memory": "fxopt.memory.plan",
     "insert_observers": "fxopt.quant.passes",

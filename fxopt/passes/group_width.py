@@ -1,0 +1,218 @@
+"""``pad_group_width``: grouped convolutions with a group width cuDNN handles badly get a
+wider one, of zeros.
+
+regnet's grouped 3x3 convolutions have 24 channels per group. On an H200 (bf16, batch 32,
+channels-last), cuDNN runs them as a layout transform of the input, the grouped kernel and
+a transform back: ``tensorTransformGeneric`` alone was 47% of regnet_y_1_6gf's GPU time,
+under fxopt and every Inductor mode alike. The same convolutions with each group's channels
+zero-padded to 32 need no transform: 0.56 ms per model call against 2.76 ms
+(bench/grouped_conv_probe.py, bench/RESULTS.md).
+
+The rewrite, on a frozen graph (the weight is a constant): the weight gets zero input
+channels and zero output filters up to the next multiple of 32 per group (the bias zeros), the
+input is padded per group (``unflatten`` to ``[N, groups, width, H, W]``, ``F.pad``,
+``flatten``, channels-last), and the output is cut back per group the same way. The extra
+channels multiply zeros, so the values are the convolution's (up to the kernel's rounding);
+the pad and the cut are pointwise copies that Inductor fuses into the neighbouring kernels.
+
+Whether it pays depends on the GPU, cuDNN and the shape, so it is decided by timing: at
+compile time, on the first graph with that convolution, the padded form (with its pad and
+cut as separate copies, the case where Inductor fuses neither) against the plain one, on
+random inputs of the graph's shapes, and kept per GPU name and shape for the process
+(:func:`decisions`). Graphs with a symbolic size are left alone (there is no one shape to
+time), as are depthwise convolutions (one channel per group: 32 times the work).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
+
+from fxopt.analysis.shapes import record_value
+from fxopt.compile.gemm_gelu import time_ms
+from fxopt.graph_utils import fetch_attr, fresh_attr_name
+from fxopt.pass_protocol import Option, PassResult
+from fxopt.passes.layout import ConstantConvWeightPass
+from fxopt.provenance import record_replacement
+from fxopt.registry import register_pass
+
+_CL = torch.channels_last
+#: convolution targets whose arguments 0-5 are input, weight, bias, stride, padding and
+#: dilation, and whose output is one convolution's, ReLU'd or not (fused conv+add ops take a
+#: second operand the output's width would have to match)
+_PLAIN_TARGETS: set[Any] = {torch.conv2d, F.conv2d, torch.ops.aten.conv2d.default, torch.convolution,
+                            torch.ops.aten.convolution.default}
+
+
+def _targets() -> set[Any]:
+    import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.*
+
+    fused = torch.ops.fxopt.conv_bias_relu
+    return _PLAIN_TARGETS | {fused, fused.default}
+
+_DECISIONS: dict[tuple, bool] = {}
+_LOCK = threading.Lock()
+
+Timer = Callable[[Callable[[], Any], torch.device, int], float]
+
+
+def decisions() -> dict[tuple, bool]:
+    """Every decision made in this process, by :func:`decision_key`: a copy."""
+    with _LOCK:
+        return dict(_DECISIONS)
+
+
+def padded_width(width: int, multiple: int) -> int:
+    return -(-width // multiple) * multiple
+
+
+def pad_groups(t: Tensor, groups: int, width: int, dim: int) -> Tensor:
+    """``t`` with each of its ``groups`` slices along ``dim`` zero-padded to ``width``."""
+    split = torch.unflatten(t, dim, (groups, t.shape[dim] // groups))
+    pad = [0, 0] * (split.dim() - dim - 2) + [0, width - split.shape[dim + 1]]
+    return torch.flatten(F.pad(split, pad), dim, dim + 1)
+
+
+def cut_groups(t: Tensor, groups: int, width: int) -> Tensor:
+    """The first ``width`` channels of each of the ``groups`` slices of ``t``'s dim 1."""
+    split = torch.unflatten(t, 1, (groups, t.shape[1] // groups))
+    return torch.flatten(torch.narrow(split, 2, 0, width), 1, 2)
+
+
+def decision_key(x: Tensor, weight: Tensor, stride: Any, padding: Any, dilation: Any, multiple: int) -> tuple:
+    """The GPU (by name: a decision holds for every GPU of the kind), the shapes, dtype and
+    geometry."""
+    machine = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else x.device.type
+    return (machine, tuple(x.shape), tuple(weight.shape), x.dtype,
+            str(stride), str(padding), str(dilation), multiple)
+
+
+def padding_pays(key: tuple, plain: Callable[[], Any], padded: Callable[[], Any], device: torch.device,
+                 timer: Timer = time_ms, reps: int = 10) -> bool:
+    """Whether ``padded`` ran faster than ``plain`` here, timed the first time ``key`` is
+    asked and kept for the process (a racing thread's decision stands)."""
+    with _LOCK:
+        known = _DECISIONS.get(key)
+    if known is not None:
+        return known
+    pays = timer(padded, device, reps) < timer(plain, device, reps)
+    with _LOCK:
+        return _DECISIONS.setdefault(key, pays)
+
+
+def _traced(node: Any) -> Any:
+    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, fx.Node) else None
+
+
+@register_pass
+class PadGroupWidth(ConstantConvWeightPass):
+    """Zero-pad each group of a grouped convolution to a multiple of 32 channels where that
+    runs faster on this GPU (decided by timing, once per GPU and shape)."""
+
+    name = "pad_group_width"
+    options: ClassVar = {
+        **ConstantConvWeightPass.options,
+        "multiple": Option(int, 32, "pad each group's channels up to a multiple of this"),
+        "decide": Option(str, "time", "'time' (pad where measured faster), 'always' or 'never'",
+                         choices=("time", "always", "never")),
+    }
+
+    def __init__(self, timer: Timer = time_ms, **options: Any) -> None:
+        super().__init__(**options)
+        self.timer = timer
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        padded = 0
+        for conv, weight, value in self.convolutions(gm):
+            plan = self._plan(gm, conv, value)
+            if plan is not None and self._pays(conv, value, *plan):
+                self._rewrite(gm, conv, weight, value, *plan)
+                padded += 1
+        return PassResult(padded > 0, {"convolutions": padded})
+
+    def _plan(self, gm: fx.GraphModule, conv: fx.Node, value: Tensor) -> tuple | None:
+        """(groups, padded width, input value, bias value) for a convolution this pass can
+        widen, else None."""
+        if conv.target not in _targets() or len(conv.args) < 2 or conv.kwargs or value.shape[2:] == (1, 1):
+            return None
+        if conv.target in (torch.convolution, torch.ops.aten.convolution.default) and conv.args[6:7] != (False,):
+            return None  # transposed, or given by keyword
+        x_val = _traced(conv.args[0])
+        if not (isinstance(x_val, Tensor) and x_val.dim() == 4 and all(isinstance(n, int) for n in x_val.shape)):
+            return None
+        width, out = value.shape[1], value.shape[0]
+        groups = x_val.shape[1] // width
+        wide = padded_width(width, self.options["multiple"])
+        if groups < 2 or width < 8 or wide == width or out % groups or out // groups != width:
+            return None  # ungrouped, depthwise-like, aligned already, or unequal in and out widths
+        bias = conv.args[2] if len(conv.args) > 2 else None
+        if bias is None:
+            return groups, wide, x_val, None
+        bias_val = fetch_attr(gm, bias.target) if isinstance(bias, fx.Node) and bias.op == "get_attr" else None
+        return (groups, wide, x_val, bias_val) if isinstance(bias_val, Tensor) else None
+
+    def _conv_args(self, conv: fx.Node) -> tuple:
+        return tuple(conv.args[3:6]) + (None,) * (3 - len(conv.args[3:6]))
+
+    def _pays(self, conv: fx.Node, value: Tensor, groups: int, wide: int, x_val: Tensor, bias: Tensor | None) -> bool:
+        decide = self.options["decide"]
+        if decide != "time":
+            return decide == "always"
+        stride, padding, dilation = (a if a is not None else d for a, d in zip(self._conv_args(conv), (1, 0, 1)))
+        x = torch.randn(x_val.shape, device=value.device, dtype=value.dtype).contiguous(memory_format=_CL)
+        w_wide = pad_groups(pad_groups(value, groups, wide, 0), 1, wide, 1).contiguous(memory_format=_CL)
+        key = decision_key(x, value, stride, padding, dilation, self.options["multiple"])
+
+        def plain() -> Tensor:
+            return F.conv2d(x, value, bias, stride, padding, dilation, groups)
+
+        def padded() -> Tensor:
+            x_wide = pad_groups(x, groups, wide, 1).contiguous(memory_format=_CL)
+            y = F.conv2d(x_wide, w_wide, None, stride, padding, dilation, groups)
+            return cut_groups(y, groups, value.shape[1]).contiguous(memory_format=_CL)
+
+        with torch.no_grad():
+            return padding_pays(key, plain, padded, value.device, self.timer)
+
+    def _rewrite(self, gm: fx.GraphModule, conv: fx.Node, weight: fx.Node, value: Tensor, groups: int, wide: int,
+                 x_val: Tensor, bias: Tensor | None) -> None:
+        graph, width = gm.graph, value.shape[1]
+        w_attr = fresh_attr_name(gm, f"{weight.target}_group_padded")
+        gm.register_buffer(w_attr, pad_groups(pad_groups(value, groups, wide, 0), 1, wide, 1).contiguous(
+            memory_format=_CL))
+        with graph.inserting_before(conv):
+            new_weight = graph.get_attr(w_attr)
+            x_wide = graph.call_function(pad_groups, (conv.args[0], groups, wide, 1))
+            x_wide_cl = graph.call_method("contiguous", (x_wide,), {"memory_format": _CL})
+            new_bias = None
+            if bias is not None:
+                b_attr = fresh_attr_name(gm, f"{conv.args[2].target}_group_padded")
+                gm.register_buffer(b_attr, pad_groups(bias, groups, wide, 0))
+                new_bias = graph.get_attr(b_attr)
+        with graph.inserting_after(conv):
+            cut = graph.call_function(cut_groups, (conv, groups, width))
+        with graph.inserting_after(cut):
+            cut_cl = graph.call_method("contiguous", (cut,), {"memory_format": _CL})
+        conv.replace_all_uses_with(cut_cl, delete_user_cb=lambda user: user is not cut)
+        old_bias = conv.args[2] if len(conv.args) > 2 else None
+        conv.args = (x_wide_cl, new_weight, new_bias, *conv.args[3:])
+        record_value(new_weight, fetch_attr(gm, w_attr))
+        record_value(x_wide, pad_groups(x_val, groups, wide, 1))
+        record_value(x_wide_cl, x_wide.meta["val"].contiguous(memory_format=_CL))
+        out_val = _traced(conv)
+        if isinstance(out_val, Tensor):
+            wide_out = pad_groups(out_val, groups, wide, 1).contiguous(memory_format=_CL)
+            record_value(conv, wide_out)
+            record_value(cut, cut_groups(wide_out, groups, width))
+            record_value(cut_cl, cut.meta["val"].contiguous(memory_format=_CL))
+        for node in (new_weight, x_wide, x_wide_cl, cut, cut_cl) + ((new_bias,) if new_bias is not None else ()):
+            record_replacement(node, [conv], self.name)
+        for old in (weight, old_bias):
+            if isinstance(old, fx.Node) and not old.users:
+                graph.erase_node(old)

@@ -1,0 +1,119 @@
+"""``pad_group_width``: grouped convolutions widened per group with zeros, where timing says so."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxopt
+from fxopt.graph_utils import fetch_attr
+from fxopt.passes.group_width import PadGroupWidth, decisions
+
+
+class RegNetBlock(nn.Module):
+    """regnet's Y block in small: 1x1 conv, BN, ReLU, grouped 3x3 conv (``width`` channels per
+    group), BN, ReLU, squeeze-excitation, 1x1 conv."""
+
+    def __init__(self, groups: int = 2, width: int = 24, stride: int = 1):
+        super().__init__()
+        c = groups * width
+        self.a = nn.Sequential(nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(c, c, 3, stride, 1, groups=groups, bias=True), nn.BatchNorm2d(c), nn.ReLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, 4, 1), nn.ReLU(), nn.Conv2d(4, c, 1),
+                                nn.Sigmoid())
+        self.c = nn.Conv2d(c, 16, 1)
+        for bn in (self.a[1], self.b[1]):  # statistics of a trained net, not the identity
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return self.c(y * self.se(y))
+
+
+def _grouped(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and "convolution" in str(n.target)
+            and n.args[8] > 1]
+
+
+def _optimize(model, x, options):
+    return fxopt.optimize(make_fx(model)(x), passes=["fold_conv_bn", f"pad_group_width{{{options}}}"],
+                          example_inputs=(x,))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_each_group_is_padded_to_32_channels_and_the_function_is_the_same(stride):
+    model = RegNetBlock(stride=stride).eval()
+    x = torch.randn(2, 16, 10, 10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = _optimize(model, x, "device=cpu,dtypes=all,decide=always")
+    (conv,) = _grouped(out)
+    weight, bias = fetch_attr(out, conv.args[1].target), fetch_attr(out, conv.args[2].target)
+    assert weight.shape == (64, 32, 3, 3) and bias.shape == (64,)
+    for g in range(2):  # the real channels where they were, zeros around them
+        real = weight[32 * g:32 * g + 24, :24]
+        assert real.abs().sum() > 0 and not weight[32 * g + 24:32 * g + 32].any()
+        assert not weight[32 * g:32 * g + 24, 24:].any() and not bias[32 * g + 24:32 * (g + 1)].any()
+    for _ in range(3):  # fresh inputs
+        x = torch.randn(2, 16, 10, 10)
+        torch.testing.assert_close(out(x), model(x), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_convolutions_it_cannot_or_need_not_widen_are_left_alone():
+    x = torch.randn(2, 16, 8, 8)
+    for model in (RegNetBlock(groups=2, width=32),  # aligned already
+                  RegNetBlock(groups=48, width=1),  # depthwise: 32 times the work
+                  RegNetBlock(groups=1, width=24)):  # not grouped
+        out = _optimize(model.eval(), x, "device=cpu,dtypes=all,decide=always")
+        assert not any("group_padded" in str(n.target) for n in out.graph.nodes)
+        torch.testing.assert_close(out(x), model(x), rtol=1e-5, atol=1e-5)
+    out = _optimize(RegNetBlock().eval(), x, "device=cpu,dtypes=all,decide=never")
+    assert not any("group_padded" in str(n.target) for n in out.graph.nodes)
+    out = _optimize(RegNetBlock().eval(), x, "decide=always")  # weights on the CPU, the pass's device cuda
+    assert not any("group_padded" in str(n.target) for n in out.graph.nodes)
+
+
+def test_the_decision_is_the_faster_form_timed_once_per_gpu_and_shape():
+    timed = []
+
+    def timer(say):
+        def time(fn, device, reps):
+            fn()  # runs as it will be timed
+            timed.append(fn.__name__)
+            return say[fn.__name__]
+        return time
+
+    def run(batch, say):
+        model = RegNetBlock().eval()
+        x = torch.randn(batch, 16, 8, 8)
+        gm = fxopt.optimize(make_fx(model)(x), passes=["fold_conv_bn"], example_inputs=(x,))
+        out = fxopt.optimize(gm, passes=[PadGroupWidth(timer=timer(say), device="cpu", dtypes="all")])
+        torch.testing.assert_close(out(x), model(x), rtol=1e-5, atol=1e-5)
+        return fetch_attr(out, _grouped(out)[0].args[1].target).shape[1]
+
+    assert run(3, {"padded": 1.0, "plain": 2.0}) == 32 and sorted(timed) == ["padded", "plain"]
+    assert run(3, {"padded": 9.0, "plain": 1.0}) == 32 and len(timed) == 2  # kept, not timed again
+    assert run(5, {"padded": 2.0, "plain": 1.0}) == 24 and len(timed) == 4  # another shape: timed
+    assert {k[1][0]: v for k, v in decisions().items() if k[0] == "cpu" and k[2] == (48, 24, 3, 3)} == {3: True,
+                                                                                                       5: False}
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_padded_grouped_convolutions_match_eager_through_the_backend():
+    """On CUDA (bf16, channels-last): the widened convolutions compute what eager computes,
+    forced on, and through ``backend="fxopt"`` with the timed choice, whichever it is."""
+    torch.manual_seed(0)
+    model = RegNetBlock().cuda().eval().to(torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.randn(8, 16, 28, 28, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = model.float()(x.float())
+        model.to(torch.bfloat16)
+        eager_err = ((model(x).float() - want).norm() / want.norm()).item()
+        forced = _optimize(model, x, "decide=always")
+        assert _grouped(forced) and fetch_attr(forced, _grouped(forced)[0].args[1].target).shape[1] == 32
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="fxopt")
+        for fn in (forced, compiled):
+            err = ((fn(x).float() - want).norm() / want.norm()).item()
+            assert err <= 2 * eager_err + 1e-3, (err, eager_err)
