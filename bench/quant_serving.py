@@ -3,7 +3,7 @@
     pip install --no-deps .whl/torchao-*.whl    # torchao's side of the comparison (optional)
     python3 bench/quant_serving.py --out $OUT --first-call compile,fxopt    # needs a CUDA GPU
 
-Model: bench/quant_gpu.py's Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16,
+Model: :class:`MLPStack`, a Llama-shaped MLP stack (8 blocks, d 4096, hidden 11008, bf16,
 pre-RMSNorm + residual), quantized with default options: ``int8_weight_only``, then
 ``merge_sibling_linears`` and ``fuse_swiglu``. Every variant is compiled once and called in
 serving order (``--serving``, default M = 1, 16, 32, 64, 256, 1024, 4096: decode first, then
@@ -51,11 +51,10 @@ import traceback
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # an installed fxopt first
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from quant_gpu import D, MLPStack  # noqa: E402
 
 import fxopt  # noqa: E402
 import fxopt.quant as fq  # noqa: E402
@@ -65,6 +64,49 @@ SERVING = [1, 16, 32, 64, 256, 1024, 4096, 2, 8, 100, 513, 2000]
 MS = [1, 16, 32, 64, 256, 1024, 4096]
 VARIANTS = ("bf16,bf16 ro,int8 fxopt,int8 compile,int8 ro,int8 compile unbacked,int4 compile,int4 ro,"
             "torchao int8,torchao int4")
+
+
+D, HIDDEN, BLOCKS = 4096, 11008, 8
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP sub-block: pre-RMSNorm (no weight), SiLU-gated MLP, residual add."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class MLPStack(nn.Module):
+    def __init__(self, blocks: int = BLOCKS, d: int = D, hidden: int = HIDDEN):
+        super().__init__()
+        self.blocks = nn.ModuleList(GatedMLP(d, hidden) for _ in range(blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def bench(fn, graph: bool) -> float:
+    """Median ms of ``fn()``; as a CUDA graph replay when ``graph`` (after warm-up)."""
+    from triton.testing import do_bench
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def log(*args) -> None:
@@ -176,8 +218,6 @@ INT4_GEMV = [(8, 4, 4, 1), (8, 2, 4, 2), (16, 2, 4, 2), (16, 4, 4, 1), (4, 8, 4,
 
 def _rotated_us(call, weights: list) -> float:
     """us per ``call(weight)``, cycling through ``weights`` in one CUDA-graph replay."""
-    from quant_gpu import bench
-
     return 1e3 * bench(lambda: [call(w) for w in weights], graph=True) / len(weights)
 
 
@@ -185,8 +225,6 @@ def int4_sweep() -> list[dict]:
     """us per call of each int4 configuration at M = 1 on the stack's shapes (CUDA-graph
     replay over 8 weights, so none is in L2), against F.linear on bf16, checked first."""
     from functools import partial
-
-    from quant_gpu import HIDDEN
 
     from fxopt.quant import triton_kernels as tk
     from fxopt.quant.formats import pack_int4, unpack_int4

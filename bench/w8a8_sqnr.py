@@ -6,8 +6,8 @@ Weight-only int8 has the accuracy (27.3 dB on an H100) but at large M a bf16 ten
 GEMM's speed at best; int8 activations would use the int8 tensor cores (twice bf16's rate)
 but per-token scales measured 20.6 dB. This script measures, before any kernel is written,
 which activation scheme keeps >= 26 dB: fake quantization in float32 (round to the int8 grid,
-scale back) of the model of bench/quant_gpu.py (8 blocks, d 4096, hidden 11008, weights
-N(0, 0.02), the init of bench/quant_serving.py), against the float32 model, on Gaussian
+scale back) of bench/quant_serving.py's model (8 blocks, d 4096, hidden 11008, weights
+N(0, 0.02), as it initializes them), against the float32 model, on Gaussian
 inputs. Weights: int8 per output channel everywhere. Activations:
 
 - ``weight-only``: float (the shipped default);
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from quant_gpu import D, MLPStack  # noqa: E402
+from quant_serving import D, MLPStack  # noqa: E402
 
 from fxopt.quant.accuracy import sqnr  # noqa: E402
 
