@@ -77,6 +77,15 @@ def test_fresh_process_reads_back_the_child_json_or_its_error(tmp_path):
     assert harness.fresh_process(bad, [], timeout=60) == {"error": "exit 3: boom"}
 
 
+def test_fresh_process_passes_its_environment_and_keeps_what_a_killed_child_wrote(tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import json, os, sys, time\n"
+                    "open(sys.argv[-1], 'w').write(json.dumps({'v': os.environ['FXOPT_BENCH_V']}))\n"
+                    "time.sleep(60)\n")
+    row = harness.fresh_process(slow, [], timeout=5, env={"FXOPT_BENCH_V": "7"})
+    assert row == {"v": "7", "error": "no result within 5 s"}
+
+
 def test_timers_on_the_cpu_give_positive_medians():
     assert harness.call_ms(lambda: sum(range(100)), "cpu") > 0
     assert harness.loop_ms(lambda: sum(range(100)), "cpu", iters=3, reps=2) > 0
