@@ -96,6 +96,17 @@ def _training(data: dict[str, Any]) -> None:
     assert "eager" in data["table"]
 
 
+def _lowbit_probe(data: dict[str, Any]) -> None:
+    assert {(r["shape"], r["M"]) for r in data["rows"]} == {(s, m) for s in ("gate+up", "down") for m in (1, 32)}
+    for row in data["rows"]:
+        ran = ["bf16", "wo_triton", "wo_reference", "int4_fxopt"]
+        ran += ["int_mm", "int_mm_2m", "rescale", "quant_rows", "w8a8_triton", "w8a8_triton_2m", "fp8_rowwise"] \
+            if row["M"] > 16 else []
+        assert all(isinstance(row[label], float) for label in ran), row
+        for label in ("two_term", "dequant_cublas", "int4_tinygemm", "gemlite_a16w8"):  # a row saying why
+            assert row[label] is None and row[f"{label}_skipped"], (label, row)
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -112,6 +123,7 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "host_cost": ([], _host_cost),
     "distributed": (["--compilers", "eager", "--wrappings", "ddp,fsdp-model"], _distributed),
     "training": (["--variants", "eager", "--steps", "2", "--repeats", "1", "--warmup", "1"], _training),
+    "lowbit_probe": ([], _lowbit_probe),
 }
 
 
