@@ -107,6 +107,31 @@ def _lowbit_probe(data: dict[str, Any]) -> None:
             assert row[label] is None and row[f"{label}_skipped"], (label, row)
 
 
+def _w8a8_sqnr(data: dict[str, Any]) -> None:
+    _fields("scheme", "sqnr_db")(data)
+    schemes = [r["scheme"] for r in data["rows"]]
+    assert schemes[0] == "weight-only" and "per-token" in schemes and schemes[-1] == "per-token + smoothing", schemes
+
+
+QUANT_SERVING = ["bf16 freezing", "int8 fxopt", "int8 compile unbacked", "int4 compile", "torchao int8"]
+
+
+def _quant_serving(data: dict[str, Any]) -> None:
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == QUANT_SERVING
+    for name in QUANT_SERVING[:-1]:
+        row = rows[name]
+        assert "error" not in row and "harness_problem" not in row, row
+        assert list(row["first_call_s"]) == list(row["sqnr_vs_fp32"]) == [str(m) for m in data["meta"]["serving_order"]]
+        assert list(row["ms"]) == [str(m) for m in data["meta"]["timed_ms"]] and "host_us_m1" in row
+    assert rows["bf16 freezing"]["frozen"] is True and rows["int8 fxopt"]["frozen"] is True
+    assert rows["int8 compile unbacked"]["dynamo_graphs"] == 1  # one graph for every M
+    assert "ms" in rows["torchao int8"] or "torchao" in rows["torchao int8"]["error"]  # a row saying why
+    assert set(data["speedups"]) >= set(QUANT_SERVING[1:-1])
+    assert set(data["sqnr_vs_fp32_m64"]) == {"bf16", "int8 eager", "int4 eager"}
+    assert data["inductor_code_m1"]["fxopt_op_calls"] > 0
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -124,6 +149,8 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "distributed": (["--compilers", "eager", "--wrappings", "ddp,fsdp-model"], _distributed),
     "training": (["--variants", "eager", "--steps", "2", "--repeats", "1", "--warmup", "1"], _training),
     "lowbit_probe": ([], _lowbit_probe),
+    "w8a8_sqnr": ([], _w8a8_sqnr),
+    "quant_serving": (["--variants", ",".join(QUANT_SERVING), "--rounds", "1"], _quant_serving),
 }
 
 
