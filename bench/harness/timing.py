@@ -11,6 +11,7 @@ into the next variant's figure.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -146,14 +147,14 @@ def fresh_process(script: str | Path, argv: Sequence[str], timeout: float,
     """Run ``python script *argv --out FILE`` in a new process (``env`` added to this one's
     environment) and return the JSON it wrote there, with ``process_s``; a failure is
     ``{"error": why}``, never an exception, so one variant that dies costs the run only its
-    own row. A child killed at ``timeout`` returns what it had written (a :class:`Record` is
+    own row (``timeout`` may be infinite). A child killed at ``timeout`` returns what it had written (a :class:`Record` is
     rewritten on every row) with the error."""
     with tempfile.TemporaryDirectory(prefix="fxopt_bench_") as folder:
         path = Path(folder) / "child.json"
         began = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, str(script), *argv, "--out", str(path)],
-                                  capture_output=True, text=True, timeout=timeout,
+                                  capture_output=True, text=True, timeout=timeout if math.isfinite(timeout) else None,
                                   env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired:
             partial = json.loads(path.read_text()) if path.exists() else {}
