@@ -132,6 +132,28 @@ def _quant_serving(data: dict[str, Any]) -> None:
     assert data["inductor_code_m1"]["fxopt_op_calls"] > 0
 
 
+DECODER = ["bf16 reduce-overhead freezing", "fxopt int8 backend", "torchao int4"]
+
+
+def _decoder(data: dict[str, Any]) -> None:
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == DECODER
+    meta = data["meta"]
+    shapes = {f"decode_b{b}" for b in meta["batches"]} | {f"prefill_{n}" for n in meta["prefill"]}
+    for name in DECODER[:2]:
+        row = rows[name]
+        assert "error" not in row, row.get("error")
+        assert set(row["first_call_s"]) == shapes and set(row["tokens_per_s"]) == {f"b{b}" for b in meta["batches"]}
+        assert set(row["prefill_ms"]) == {str(n) for n in meta["prefill"]}
+        assert row["graphs"] == len(shapes)  # one per shape: no recompile per decode position
+    # the eager backend runs the reference's very ops: the same greedy tokens
+    assert all(a == {"prefix": 1.0, "overall": 1.0} for a in rows[DECODER[0]]["agreement"].values())
+    # every linear layer quantized: 5 per block (wqkv, wo, w1, w3, w2) and the output head
+    assert rows["fxopt int8 backend"]["quantized"] == {"parts": 2 * 3 + 1, "sites": 2 * 5 + 1, "min_coverage": 1.0}
+    assert rows["torchao int4"]["error"].startswith("skipped")  # a row saying why
+    assert set(data["speedups"]) == set(DECODER[:2])
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -151,6 +173,7 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "lowbit_probe": ([], _lowbit_probe),
     "w8a8_sqnr": ([], _w8a8_sqnr),
     "quant_serving": (["--variants", ",".join(QUANT_SERVING), "--rounds", "1"], _quant_serving),
+    "decoder": (["--variants", ",".join(DECODER)], _decoder),
 }
 
 
