@@ -72,7 +72,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ from harness import (
     DeviceMemory,
     Record,
     cli,
+    cpu_threads,
     fresh_process,
     frozen_summary,
     loop_ms,
@@ -367,18 +368,6 @@ def table(rows: list[dict[str, Any]], ratios: dict[str, dict[str, float]], shape
     return markdown_table(lines, columns, digits=1)
 
 
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[None]:
-    """``n`` torch CPU threads in the block (None: as they are)."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = cli.parser(__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT), help=f"from: {', '.join(VARIANTS)}")
@@ -396,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     shapes = Shapes(args)
     record = Record("decoder", args, shapes.device, torchao=torchao_version(), **shapes.record())
-    with threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+    with cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
         base = reference = None
         if not args.fresh:
             base = base_model(shapes)

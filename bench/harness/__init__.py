@@ -21,7 +21,8 @@ re-implement lives here, so two benches time, compare and record the same way:
   compile-time transients and CUDA-graph pools included) and peak allocated, in MB; a
   ``with`` block, or ``start()`` ... ``stop()`` across blocks.
 - :mod:`harness.env` — ``environment(device)``: GPU name, torch/triton/cuDNN versions, the
-  commit, the CPU; ``slug`` names the folder of ``bench/results/<gpu>/``.
+  commit, the CPU; ``slug`` names the folder of ``bench/results/<gpu>/``; ``cpu_threads(n)``
+  sets torch's CPU threads for a block and puts them back.
 - :mod:`harness.records` — ``Record``: the JSON of one run (``meta`` = the environment and the
   arguments, ``rows``, and anything else in ``extra``), rewritten on every ``save()`` so that
   a run cut short keeps what it measured, by default at ``bench/results/<gpu>/<bench>.json``
@@ -68,7 +69,7 @@ from harness.baselines import (
     not_frozen,
     observed_inductor,
 )
-from harness.env import environment, slug
+from harness.env import cpu_threads, environment, slug
 from harness.memory import DeviceMemory
 from harness.records import Record, markdown_table, results_dir
 from harness.timing import (
@@ -83,5 +84,6 @@ from harness.timing import (
 )
 
 __all__ = ["INDUCTOR_MODES", "MUST_FREEZE", "SELF_GRAPHED", "DeviceMemory", "Record", "alternate", "call_ms", "cli",
+           "cpu_threads",
            "environment", "fresh_process", "frozen_summary", "host_ms", "inductor_variant", "loop_ms",
            "markdown_table", "median", "not_frozen", "observed_inductor", "results_dir", "slug", "sync", "wall_ms"]

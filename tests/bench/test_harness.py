@@ -9,6 +9,7 @@ import sys
 
 import harness
 import pytest
+import torch
 from harness.records import RESULTS
 
 
@@ -91,6 +92,15 @@ def test_timers_on_the_cpu_give_positive_medians():
     assert harness.loop_ms(lambda: sum(range(100)), "cpu", iters=3, reps=2) > 0
     assert harness.wall_ms(lambda: None, "cpu", reps=3) >= 0
     assert harness.DeviceMemory("cpu").start().stop() == {}  # no device memory to count on a CPU
+
+
+def test_cpu_threads_are_put_back():
+    before = torch.get_num_threads()
+    with harness.cpu_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    with harness.cpu_threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
 
 
 def test_markdown_table():
