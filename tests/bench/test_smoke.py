@@ -154,6 +154,13 @@ def _decoder(data: dict[str, Any]) -> None:
     assert set(data["speedups"]) == set(DECODER[:2])
 
 
+def _qat(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert row["seed"] == 0 and {"float", "ptq int8", "ptq int4", "qat int8", "qat int4"} <= set(row["results"])
+    assert all(set(r) == {"acc", "nll"} for r in row["results"].values())
+    assert "pt2e qat int8" in row["results"] or "torchao" in row["pt2e"]  # torchao's QAT, or why not
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -174,6 +181,7 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "w8a8_sqnr": ([], _w8a8_sqnr),
     "quant_serving": (["--variants", ",".join(QUANT_SERVING), "--rounds", "1"], _quant_serving),
     "decoder": (["--variants", ",".join(DECODER)], _decoder),
+    "qat": ([], _qat),
 }
 
 
