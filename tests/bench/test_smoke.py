@@ -161,6 +161,18 @@ def _qat(data: dict[str, Any]) -> None:
     assert "pt2e qat int8" in row["results"] or "torchao" in row["pt2e"]  # torchao's QAT, or why not
 
 
+def _serving(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert (row["model"], row["route"], row["batches"]) == ("llama_mlp", "mark_dynamic", [4, 2])
+    for variant in ("inductor_freezing", "fxopt"):
+        entry = row[variant]
+        assert "error" not in entry and entry["frozen"] is True, entry
+        for b in (4, 2):
+            assert f"ms_{b}" in entry and f"rel_l2_{b}_vs_eager" in entry
+        assert entry["earlier_output_kept"] == "yes"  # plain-call semantics
+    assert row["best_inductor_4"] == "inductor_freezing" and "speedup_2" in row
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -182,6 +194,8 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "quant_serving": (["--variants", ",".join(QUANT_SERVING), "--rounds", "1"], _quant_serving),
     "decoder": (["--variants", ",".join(DECODER)], _decoder),
     "qat": ([], _qat),
+    "serving": (["--models", "llama_mlp", "--routes", "mark_dynamic", "--variants", "inductor_freezing,fxopt",
+                 "--batches", "4,2", "--rounds", "1"], _serving),
 }
 
 
