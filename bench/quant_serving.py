@@ -74,6 +74,7 @@ from harness import (
     alternate,
     call_ms,
     cli,
+    cpu_threads,
     fresh_process,
     frozen_summary,
     inductor_variant,
@@ -408,26 +409,23 @@ def first_calls(routes: list[str], args: argparse.Namespace) -> dict[str, dict[s
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = cli.parser(__doc__.splitlines()[0])
-    parser.add_argument("--serving", default=None, help="M of each first call, in order (default: SERVING)")
-    parser.add_argument("--ms", default=None, help="M values timed after serving (default: MS)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"from: {', '.join(VARIANTS)}")
-    parser.add_argument("--int4-sweep", action="store_true")
-    parser.add_argument("--first-call", default="", help="routes timed cold: compile,fxopt,int4")
-    parser.add_argument("--first-call-timeout", type=float, default=100.0, help="seconds per cold child")
-    parser.add_argument("--budget-s", type=float, default=float("inf"),
-                        help="skip the variants left once this many seconds have passed (first calls included)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.serving = args.serving or (SMOKE_SERVING if args.smoke else ",".join(map(str, SERVING)))
-    args.ms = args.ms or (SMOKE_MS if args.smoke else ",".join(map(str, MS)))
-    if args.child:
-        return first_call_child(args)
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+def eager_checks(wl: Workload, xs: torch.Tensor, int4: bool, record: Record) -> None:
+    """Before any variant: the eager models' SQNR against the fp32 model at ``xs``, and
+    Inductor's code of the int8 model at M = 1 (:func:`inductor_code`)."""
+    with torch.no_grad():
+        ref = wl.fp32(xs.float())
+        record.extra["sqnr_vs_fp32_m64"] = {"bf16": fq.sqnr(ref, wl.model(xs)),
+                                            "int8 eager": fq.sqnr(ref, wl.quantized("int8_weight_only")(xs))}
+        if int4:
+            q4 = wl.quantized("int4_weight_only")
+            record.extra["sqnr_vs_fp32_m64"]["int4 eager"] = fq.sqnr(ref, q4(xs))
+            record.extra["int4_group_sizes"] = sorted({r.group_size for r in fq.summary_of(q4).sites if r.group_size})
+    record.extra["inductor_code_m1"] = inductor_code(wl.quantized("int8_weight_only"), wl, record.path.parent)
+
+
+def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """The whole run: cold first calls, the int4 sweep, the checks, every variant served and
+    timed; the record's data."""
     began = time.perf_counter()
     serving, ms = [int(m) for m in args.serving.split(",")], [int(m) for m in args.ms.split(",")]
     wl = Workload(args.smoke)
@@ -440,15 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record.extra["int4_sweep_m1"] = sweep = int4_sweep(wl)
         record.extra["int4_gemv_config"] = use_fastest_int4_gemv(sweep)
     xs = wl.tokens(64)
-    with torch.no_grad():
-        ref = wl.fp32(xs.float())
-        record.extra["sqnr_vs_fp32_m64"] = {"bf16": fq.sqnr(ref, wl.model(xs)),
-                                            "int8 eager": fq.sqnr(ref, wl.quantized("int8_weight_only")(xs))}
-        if any(VARIANTS[v][0] == "int4" for v in names):
-            q4 = wl.quantized("int4_weight_only")
-            record.extra["sqnr_vs_fp32_m64"]["int4 eager"] = fq.sqnr(ref, q4(xs))
-            record.extra["int4_group_sizes"] = sorted({r.group_size for r in fq.summary_of(q4).sites if r.group_size})
-    record.extra["inductor_code_m1"] = inductor_code(wl.quantized("int8_weight_only"), wl, record.path.parent)
+    eager_checks(wl, xs, any(VARIANTS[v][0] == "int4" for v in names), record)
     rows: dict[str, dict[str, Any]] = {}
     served: dict[str, tuple] = {}
     for name in sorted(names, key=lambda v: v.startswith("torchao")):  # torchao's global options: last
@@ -471,6 +461,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown_table([{"variant": v, **{f"M={m}": r["vs_best_bf16"] for m, r in by_m.items()}}
                           for v, by_m in ratios.items()], ["variant", *(f"M={m}" for m in ms)]))
     return record.data
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.splitlines()[0])
+    parser.add_argument("--serving", default=None, help="M of each first call, in order (default: SERVING)")
+    parser.add_argument("--ms", default=None, help="M values timed after serving (default: MS)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"from: {', '.join(VARIANTS)}")
+    parser.add_argument("--int4-sweep", action="store_true")
+    parser.add_argument("--first-call", default="", help="routes timed cold: compile,fxopt,int4")
+    parser.add_argument("--first-call-timeout", type=float, default=100.0, help="seconds per cold child")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="skip the variants left once this many seconds have passed (first calls included)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.serving = args.serving or (SMOKE_SERVING if args.smoke else ",".join(map(str, SERVING)))
+    args.ms = args.ms or (SMOKE_MS if args.smoke else ",".join(map(str, MS)))
+    if args.child:
+        return first_call_child(args)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    with cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+        return run(args, names)
 
 
 if __name__ == "__main__":

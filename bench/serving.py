@@ -44,6 +44,7 @@ from harness import (
     alternate,
     call_ms,
     cli,
+    cpu_threads,
     frozen_summary,
     median,
     wall_ms,
@@ -85,13 +86,17 @@ def serve_one(variant: str, route: str, model: torch.nn.Module, example: torch.T
             fresh = batch_input(example, b)
             entry[f"rel_l2_{b}_vs_eager"] = rel_l2(call(fresh).float(), model(fresh).float())
         entry["earlier_output_kept"] = earlier_output_kept(call, lambda b: batch_input(example, b), batches)
-    entry.update(frozen_summary(variant, stats))
-    if variant == "fxopt":
-        reports = stats["reports"]
-        entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
-        entry["no_replay"] = [g.no_replay for g in reports if g.no_replay]
-        entry["replay_logs"] = [str(g.replay) for g in reports if g.replay is not None]
+    entry.update(frozen_summary(variant, stats), **(fxopt_graphs(stats) if variant == "fxopt" else {}))
     return entry
+
+
+def fxopt_graphs(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the fxopt backend did with each graph it compiled (its ``reports``): fallbacks,
+    why a graph is not replayed, and each replay's log per call shape; serving_seq.py's too."""
+    reports = stats["reports"]
+    return {"graphs": len(reports), "fallbacks": [g.fallback for g in reports if g.fallback],
+            "no_replay": [g.no_replay for g in reports if g.no_replay],
+            "replay_logs": [str(g.replay) for g in reports if g.replay is not None]}
 
 
 def earlier_output_kept(call: Callable[[torch.Tensor], torch.Tensor], make_input: Callable[[int], torch.Tensor],
@@ -149,6 +154,31 @@ def table(rows: list[dict[str, Any]], batches: list[int]) -> str:
     return "\n".join(lines)
 
 
+def serve_model(name: str, args: argparse.Namespace, record: Record, started: float) -> None:
+    """Every route and variant of model ``name``: a record row per route, saved after each
+    variant; the variants left once ``--budget-s`` is spent say so."""
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    batches = [int(b) for b in args.batches.split(",")]
+    model, inputs = build(name, args.smoke)
+    model = model.to(args.device, dtype)
+    example = inputs[0].to(args.device, dtype)
+    if example.dim() == 4:
+        model = model.to(memory_format=torch.channels_last)
+    for route in args.routes.split(","):
+        row = record.add({"model": name, "route": route, "batches": batches})
+        for variant in args.variants.split(","):
+            if time.perf_counter() - started > args.budget_s:
+                row[variant] = {"error": f"skipped: time budget of {args.budget_s:.0f}s spent"}
+                continue
+            try:
+                row[variant] = serve_one(variant, route, model, example, args)
+            except Exception as exc:  # one broken variant must not lose the other numbers
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            print(f"[{name} {route}] {variant}: {json.dumps(row[variant])}", flush=True)
+            summarize(row, batches)
+            record.save()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet50")
@@ -159,31 +189,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--budget-s", type=float, default=480, help="skip what is left once this is spent")
     args = parser.parse_args(argv)
     args.device = cli.device_for(args)
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    batches = [int(b) for b in args.batches.split(",")]
     record = Record("serving", args, args.device)
     started = time.perf_counter()
-    for name in args.models.split(","):
-        model, inputs = build(name, args.smoke)
-        model = model.to(args.device, dtype)
-        example = inputs[0].to(args.device, dtype)
-        if example.dim() == 4:
-            model = model.to(memory_format=torch.channels_last)
-        for route in args.routes.split(","):
-            row = record.add({"model": name, "route": route, "batches": batches})
-            for variant in args.variants.split(","):
-                if time.perf_counter() - started > args.budget_s:
-                    row[variant] = {"error": f"skipped: time budget of {args.budget_s:.0f}s spent"}
-                    continue
-                try:
-                    row[variant] = serve_one(variant, route, model, example, args)
-                except Exception as exc:  # one broken variant must not lose the other numbers
-                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-                print(f"[{name} {route}] {variant}: {json.dumps(row[variant])}", flush=True)
-                summarize(row, batches)
-                record.save()
+    with cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+        for name in args.models.split(","):
+            serve_model(name, args, record, started)
     print(f"\n{record.meta}  total {time.perf_counter() - started:.0f}s\n")
-    print(table(record.rows, batches))
+    print(table(record.rows, [int(b) for b in args.batches.split(",")]))
     return record.data
 
 

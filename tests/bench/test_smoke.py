@@ -173,6 +173,19 @@ def _serving(data: dict[str, Any]) -> None:
     assert row["best_inductor_4"] == "inductor_freezing" and "speedup_2" in row
 
 
+def _serving_seq(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert (row["model"], row["route"], row["lengths"]) == ("bert_base", "automatic", [8, 16])
+    for variant in ("fxopt", "inductor"):
+        entry = row[variant]
+        assert "error" not in entry and entry["earlier_output_kept"] == "yes", entry
+        for n in (8, 16):
+            for key in ("ms", "first_call_s", "second_call_s", "max_abs", "rel_l2"):
+                assert any(k.startswith(f"{key}_{n}") for k in entry), (key, n, entry)
+    assert row["fxopt"]["frozen"] is True and "replay_logs" in row["fxopt"]
+    assert row["modes_measured_8"] == ["inductor"] and "speedup_16" in row  # an upper bound: one mode
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -196,6 +209,7 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "qat": ([], _qat),
     "serving": (["--models", "llama_mlp", "--routes", "mark_dynamic", "--variants", "inductor_freezing,fxopt",
                  "--batches", "4,2", "--rounds", "1"], _serving),
+    "serving_seq": (["--variants", "fxopt,inductor", "--lengths", "8,16", "--rounds", "1"], _serving_seq),
 }
 
 
