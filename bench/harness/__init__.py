@@ -50,8 +50,9 @@ A bench on the harness (how the quantization benches are meant to be ported)::
         return record.data
 
 Then add the bench to ``SMOKES`` in ``tests/bench/test_smoke.py`` (a test fails for a bench
-that imports the harness without one). ``bench/gpu_zoo.py`` still exports ``bench_ms``,
-``make_variant`` and the profile helpers that ``serving.py`` and ``serving_seq.py`` import.
+that imports the harness without one). ``bench/gpu_zoo.py`` exports ``make_variant`` (the
+Inductor modes above and fxopt's variants, by name), ``build``, ``rel_l2`` and the profile
+helpers that ``serving.py``, ``serving_seq.py`` and ``decoder.py`` import.
 
 Every bench's ``main(argv)`` returns what it wrote, so ``tests/bench/test_smoke.py`` runs
 each one in-process with ``--smoke`` and checks the record's fields and variants.

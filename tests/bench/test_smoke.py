@@ -2,8 +2,9 @@
 
 Each runs in this process (``main(argv)`` returns what it wrote) with tiny shapes; the test
 checks the record's layout (the environment, one row per measured thing, the fields and
-variants the bench promises), never a figure. The quantization benches, optimize_time,
-startup, report and rewrite_scaling are not on the harness yet.
+variants the bench promises), never a figure. optimize_time, startup, report and
+rewrite_scaling are not on the harness yet. bench/int8_defaults_from_cache.py measures
+nothing: it is the tool that merges an int8 tuning cache into fxopt's shipped table.
 """
 
 from __future__ import annotations
