@@ -2,21 +2,22 @@
 
     python3 bench/decoder.py --out $OUT                # one H200: every variant, one process
     python3 bench/decoder.py --out $OUT --fresh        # each variant in a fresh process
-    python3 bench/decoder.py --smoke --out /tmp/dec    # CPU, tiny shapes: checks the script's logic
+    python3 bench/decoder.py --smoke                   # CPU, tiny shapes: checks the script's logic (CI)
 
 Model: examples/llama_decoder.py at full size (1.10B parameters: d 2048, 16 layers, GQA 32/8
 heads of 64, SwiGLU 8192, vocab 32000), random weights, bf16, static KV cache. Per variant:
 
 - **decode tokens/s** at batch 1 and 8: a prompt of ``PROMPT`` tokens prefilled (the
   variant's model uncompiled: prefill shapes vary, decode ones do not), then ``--rounds``
-  rounds of ``--steps`` greedy decode steps through the compiled model, timed between CUDA
-  events; the median round. The cache holds ``CACHE_LEN`` positions; every step attends over
+  rounds of ``--steps`` greedy decode steps through the compiled model, issued back to back
+  (the harness's ``loop_ms``: CUDA events around the round); the median round. The cache holds ``CACHE_LEN`` positions; every step attends over
   all of them under a mask (fixed shapes: one compile per batch size, whatever the position).
-- **prefill ms** at 512 and 2048 tokens, batch 1, compiled, the median of ``--prefill-reps``.
+- **prefill ms** at 512 and 2048 tokens, batch 1, compiled, the median of ``--prefill-reps``
+  calls (``loop_ms`` of one call each).
 - **first_call_s**: the first compiled call of each of those four shapes (compile included,
-  Inductor's caches as the machine has them); **peak_reserved_gb**: the allocator's peak
-  from before the variant's first call to its end (the bf16 model, 2.2 GB, is resident
-  throughout); **agreement**: the greedy tokens of ``AGREE_STEPS`` decode steps at each
+  Inductor's caches as the machine has them); **peak_reserved_MB**: the allocator's peak
+  from before the variant's first call to its end (the harness's ``DeviceMemory``; the bf16
+  model, 2.2 GB, is resident throughout); **agreement**: the greedy tokens of ``AGREE_STEPS`` decode steps at each
   batch size against the bf16 model's, uncompiled (``prefix``: the fraction of positions
   before the first divergence, averaged over sequences; ``overall``: the fraction equal).
   With random weights the top two logits are close and a sequence that diverges once
@@ -50,8 +51,10 @@ asked for; ``fxopt_graphs``: what the fxopt backend did with each graph: ``no_re
 it launches it plainly, ``replay`` its own replay's log. A graph that writes buffers in
 place, as every call of this decoder writes its KV cache, takes the backend's route for
 state updates: Inductor's CUDA-graph trees (both fields None, skips counted above)). The JSON
-(``decoder.json``) is rewritten after every variant; ``--budget-s`` skips the variants left
-once it is spent. ``--smoke``: CPU, fp32, tiny config and shapes, few steps; every compiled
+(``--out``: a file, or a folder to put ``decoder.json`` in; default
+``bench/results/<gpu>/decoder.json``) is rewritten after every variant, one row per variant;
+``--budget-s`` skips the variants left once it is spent; ``--fresh`` runs each variant in a
+process of its own (the harness's ``fresh_process``). ``--smoke``: CPU, fp32, tiny config and shapes, few steps; every compiled
 variant is traced by Dynamo with ``fullgraph=True`` and run by its eager backend (no
 graph break in the model; Inductor compiles nothing, as one Inductor compile of even the
 tiny decoder takes a minute on a CPU); torchao variants are skipped (CUDA only here).
@@ -64,25 +67,45 @@ import contextlib
 import copy
 import gc
 import importlib.metadata
-import json
-import os
+import importlib.util
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_zoo import make_variant
+from harness import (
+    DeviceMemory,
+    Record,
+    cli,
+    cpu_threads,
+    fresh_process,
+    frozen_summary,
+    loop_ms,
+    markdown_table,
+    wall_ms,
+)
+from quant_serving import kept_globals, torchao_model
 from torch._dynamo.utils import counters
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_zoo import frozen_summary, make_variant  # noqa: E402
+def _load_example() -> Any:
+    """examples/llama_decoder.py, loaded by its path (examples/ is no package; its dataclass
+    looks its module up in ``sys.modules``)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "llama_decoder.py"
+    spec = importlib.util.spec_from_file_location("llama_decoder", path)
+    module = sys.modules.setdefault("llama_decoder", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "Decoder"):
+        spec.loader.exec_module(module)
+    return module
 
-from examples.llama_decoder import TINY, Config, Decoder, generate, quantize  # noqa: E402
+
+llama = _load_example()
+Decoder = llama.Decoder
 
 #: name -> (weights: bf16 / int8 / int4 / torchao8 / torchao4, gpu_zoo variant or torchao), in
 #: the order they run: a run cut short by --budget-s keeps the likely best bf16 modes (decode:
@@ -108,8 +131,9 @@ DEFAULT = [v for v in VARIANTS if not v.endswith(("int8 reduce-overhead", "int4 
 class Shapes:
     """What is measured: full size on CUDA, or ``--smoke``'s tiny shapes on a CPU."""
 
-    def __init__(self, smoke: bool, args: argparse.Namespace) -> None:
-        self.config = TINY if smoke else Config()
+    def __init__(self, args: argparse.Namespace) -> None:
+        smoke = args.smoke
+        self.config = llama.TINY if smoke else llama.Config()
         self.device, self.dtype = ("cpu", torch.float32) if smoke else ("cuda", torch.bfloat16)
         self.batches = (1, 2) if smoke else (1, 8)
         self.prefill = (16, 32) if smoke else (512, 2048)
@@ -120,42 +144,11 @@ class Shapes:
         if self.prompt + max(self.agree_steps, self.steps) > self.cache_len:
             raise SystemExit(f"--steps {self.steps}: the prompt and the steps exceed the cache ({self.cache_len})")
 
-
-# --- timing: small and local, so a shared harness can replace it -------------------------
-
-class Timer:
-    """Milliseconds of the work issued inside ``with timer:`` (CUDA events on the GPU, the
-    wall clock on a CPU); ``ms`` after the block."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device == "cuda"
-
-    def __enter__(self) -> Timer:
-        if self.cuda:
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.cuda:
-            self.end.record()
-            torch.cuda.synchronize()
-            self.ms = self.start.elapsed_time(self.end)
-        else:
-            self.ms = (time.perf_counter() - self.t0) * 1e3
-
-
-def first_call_s(fn: Callable, args: tuple, device: str) -> float:
-    """Seconds of one call, to the end of its GPU work (a first call: compile included)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn(*args)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return round(time.perf_counter() - start, 3)
+    def record(self) -> dict[str, Any]:
+        """What the record's meta says about the shapes."""
+        return {"parameters": self.config.parameters(), "batches": list(self.batches), "prefill": list(self.prefill),
+                "prompt": self.prompt, "cache_len": self.cache_len, "decode_steps": self.steps,
+                "rounds": self.rounds, "agree_steps": self.agree_steps}
 
 
 # --- the measured quantities ----------------------------------------------------------
@@ -165,19 +158,25 @@ def prompt_for(shapes: Shapes, batch: int) -> torch.Tensor:
     return torch.randint(shapes.config.vocab_size, (batch, shapes.prompt), generator=g).to(shapes.device)
 
 
+class DecodeStep:
+    """A call is one greedy decode step through ``fn``: the state a timed loop of steps carries."""
+
+    def __init__(self, fn: Callable, token: torch.Tensor, pos: torch.Tensor) -> None:
+        self.fn, self.token, self.pos = fn, token, pos
+
+    def __call__(self) -> None:
+        self.token = self.fn(self.token, self.pos)[:, -1].argmax(-1, keepdim=True)
+        self.pos = self.pos + 1
+
+
 def decode_rounds(model: Decoder, fn: Callable, prompt: torch.Tensor, shapes: Shapes) -> float:
     """Median ms of ``shapes.steps`` greedy decode steps through ``fn``, each round after an
     uncompiled prefill of ``prompt`` (the steps' argmax is timed too: a step needs it)."""
     times = []
     for _ in range(shapes.rounds):
         pos = torch.arange(prompt.shape[1], device=prompt.device)
-        token = model(prompt, pos)[:, -1].argmax(-1, keepdim=True)
-        pos = pos[-1:] + 1
-        with Timer(shapes.device) as timer:
-            for _ in range(shapes.steps):
-                token = fn(token, pos)[:, -1].argmax(-1, keepdim=True)
-                pos = pos + 1
-        times.append(timer.ms)
+        step = DecodeStep(fn, model(prompt, pos)[:, -1].argmax(-1, keepdim=True), pos[-1:] + 1)
+        times.append(shapes.steps * loop_ms(step, shapes.device, iters=shapes.steps, reps=1, warmup=0))
     return statistics.median(times)
 
 
@@ -196,8 +195,13 @@ def references(base: Decoder, shapes: Shapes) -> dict[int, torch.Tensor]:
     out = {}
     for batch in shapes.batches:
         base.setup_cache(batch, shapes.cache_len)
-        out[batch] = generate(base, prompt_for(shapes, batch), shapes.agree_steps)
+        out[batch] = llama.generate(base, prompt_for(shapes, batch), shapes.agree_steps)
     return out
+
+
+def first_call_s(fn: Callable, args: tuple, device: str) -> float:
+    """Seconds of one call, to the end of its device work (a first call: compile included)."""
+    return round(wall_ms(lambda: fn(*args), device, reps=1, warmup=0) / 1e3, 3)
 
 
 def measure(model: Decoder, fn: Callable, context: Callable, shapes: Shapes,
@@ -211,7 +215,7 @@ def measure(model: Decoder, fn: Callable, context: Callable, shapes: Shapes,
             pos = torch.arange(shapes.prompt, device=shapes.device)
             token = model(prompt, pos)[:, -1:].argmax(-1)
             first[f"decode_b{batch}"] = first_call_s(fn, (token, pos[-1:] + 1), shapes.device)
-            agree[f"b{batch}"] = agreement(generate(model, prompt, shapes.agree_steps, fn), reference[batch])
+            agree[f"b{batch}"] = agreement(llama.generate(model, prompt, shapes.agree_steps, fn), reference[batch])
             tps[f"b{batch}"] = round(batch * shapes.steps / decode_rounds(model, fn, prompt, shapes) * 1e3, 1)
         model.setup_cache(1, max(shapes.prefill))
         for n in shapes.prefill:
@@ -219,13 +223,9 @@ def measure(model: Decoder, fn: Callable, context: Callable, shapes: Shapes,
             tokens = torch.randint(shapes.config.vocab_size, (1, n), generator=g).to(shapes.device)
             pos = torch.arange(n, device=shapes.device)
             first[f"prefill_{n}"] = first_call_s(fn, (tokens, pos), shapes.device)
-            fn(tokens, pos)  # reduce-overhead: the first call warms up, the second records
-            times = []
-            for _ in range(shapes.prefill_reps):
-                with Timer(shapes.device) as timer:
-                    fn(tokens, pos)
-                times.append(timer.ms)
-            prefill[str(n)] = round(statistics.median(times), 3)
+            # warm-up 1: reduce-overhead's first call warms up, the second records
+            prefill[str(n)] = round(loop_ms(lambda t=tokens, p=pos: fn(t, p), shapes.device, iters=1,
+                                            reps=shapes.prefill_reps, warmup=1), 3)
 
 
 # --- variants -------------------------------------------------------------------------
@@ -233,15 +233,6 @@ def measure(model: Decoder, fn: Callable, context: Callable, shapes: Shapes,
 def base_model(shapes: Shapes) -> Decoder:
     with torch.device(shapes.device):  # built and drawn where it runs: seconds less per process
         return Decoder(shapes.config).to(shapes.dtype).init_weights().eval()
-
-
-def torchao_model(model: Decoder, bits: int, shapes: Shapes) -> tuple[Decoder | None, str]:
-    """bench/quant_serving.py's torchao weight-only model, or why there is none."""
-    if shapes.device != "cuda":
-        return None, "skipped: torchao runs on CUDA only in this bench (its int4 kernel needs CUDA)"
-    from quant_serving import torchao_model as build
-
-    return build(model, bits)
 
 
 def weights(kind: str, base: Decoder, shapes: Shapes, row: dict[str, Any]) -> Decoder | None:
@@ -252,24 +243,26 @@ def weights(kind: str, base: Decoder, shapes: Shapes, row: dict[str, Any]) -> De
         import fxopt.quant as fq
 
         start = time.perf_counter()
-        model = quantize(copy.deepcopy(base), f"{kind}_weight_only")
+        model = llama.quantize(copy.deepcopy(base), f"{kind}_weight_only")
         row["quantize_s"] = round(time.perf_counter() - start, 3)
         parts = [fq.summary_of(gm) for gm in model.modules() if isinstance(gm, torch.fx.GraphModule)]
         row["quantized"] = {"parts": len(parts), "sites": sum(len(p.sites) for p in parts),
                             "min_coverage": min(p.coverage for p in parts)}
         return model
-    model, why = torchao_model(base, 8 if kind == "torchao8" else 4, shapes)
+    if shapes.device != "cuda":
+        model, why = None, "skipped: torchao runs on CUDA only in this bench (its int4 kernel needs CUDA)"
+    else:
+        model, why = torchao_model(base, 8 if kind == "torchao8" else 4)
     row["torchao"] = why
     if model is None:
         row["error"] = why
     return model
 
 
-def compiled(route: str, model: Decoder, stats: dict[str, Any], args: argparse.Namespace,
-             smoke: bool) -> tuple[Callable, Callable]:
+def compiled(route: str, model: Decoder, stats: dict[str, Any], args: argparse.Namespace) -> tuple[Callable, Callable]:
     """The compiled model and the context its calls run in (gpu_zoo's make_variant: the
     global freezing flag for the freezing modes)."""
-    if smoke:
+    if args.smoke:
         return torch.compile(model, backend="eager", fullgraph=True, dynamic=False), contextlib.nullcontext
     if route == "torchao":
         return torch.compile(model, mode=args.torchao_mode, dynamic=False), contextlib.nullcontext
@@ -280,24 +273,25 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
                 args: argparse.Namespace) -> dict[str, Any]:
     """One variant's row: its figures, or the error (traceback) that stopped it."""
     kind, route = VARIANTS[name]
-    row: dict[str, Any] = {}
+    row: dict[str, Any] = {"variant": name}
     cuda = shapes.device == "cuda"
-    inductor_config, matmul_precision = torch._inductor.config.save_config(), torch.get_float32_matmul_precision()
     try:
-        torch._dynamo.reset()
-        model = weights(kind, base, shapes, row)
-        if model is None:
-            return row
-        if cuda:
-            gc.collect()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            row["reserved_before_gb"] = round(torch.cuda.memory_reserved() / 2**30, 3)
-        stats: dict[str, Any] = {}
-        fn, context = compiled(route, model, stats, args, args.smoke)
-        counters.clear()
-        with torch.no_grad():
-            measure(model, fn, context, shapes, reference, row)
+        # torchao's quantize_ sets Inductor's options its way: the next variant finds them as they were
+        with kept_globals():
+            torch._dynamo.reset()
+            model = weights(kind, base, shapes, row)
+            if model is None:
+                return row
+            if cuda:
+                gc.collect()
+                torch.cuda.empty_cache()
+            memory = DeviceMemory(shapes.device).start()
+            stats: dict[str, Any] = {}
+            fn, context = compiled(route, model, stats, args)
+            counters.clear()
+            with torch.no_grad():
+                measure(model, fn, context, shapes, reference, row)
+            row.update(memory.stop())
         # one graph per measured shape, else something recompiles; CUDA graphs that Inductor
         # gave up (reduce-overhead; its log says why) leave launch-bound decode steps
         row["graphs"] = counters["stats"]["unique_graphs"]
@@ -305,55 +299,36 @@ def run_variant(name: str, base: Decoder, shapes: Shapes, reference: dict[int, t
         if "reports" in stats:  # the fxopt backend: whether each graph was replayed as CUDA graphs, and why
             row["fxopt_graphs"] = [{"no_replay": g.no_replay, "replay": None if g.replay is None else str(g.replay),
                                     "fallback": g.fallback} for g in stats["reports"]]
-        if cuda:
-            row["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
         row["frozen"] = frozen_summary(route, stats)
     except Exception:  # noqa: BLE001 - a variant that fails is a finding, reported whole
         row["error"] = traceback.format_exc()[-4000:]
     finally:
         torch._dynamo.reset()
-        # torchao's quantize_ sets Inductor's options its way (coordinate-descent tuning, ...)
-        # and the float32 matmul precision: the next variant finds them as they were
-        torch._inductor.config.load_config(inductor_config)
-        torch.set_float32_matmul_precision(matmul_precision)
     return row
 
 
-def child(name: str, args: argparse.Namespace) -> None:
-    """``--fresh``: one variant in this process, its row printed as ``ROW <json>``."""
-    shapes = Shapes(args.smoke, args)
-    base = base_model(shapes)
-    with torch.no_grad():
-        reference = references(base, shapes)
-    print("ROW " + json.dumps(run_variant(name, base, shapes, reference, args)), flush=True)
+def child_argv(name: str, args: argparse.Namespace) -> list[str]:
+    """The arguments of ``--fresh``'s child process for variant ``name``."""
+    return ["--child", name, "--steps", str(args.steps), "--rounds", str(args.rounds),
+            "--prefill-reps", str(args.prefill_reps), "--torchao-mode", args.torchao_mode,
+            *(["--smoke"] if args.smoke else [])]
 
 
-def fresh_row(name: str, timeout_s: float) -> dict[str, Any]:
-    argv = [a for a in sys.argv[1:] if a != "--fresh"]
-    try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", name],
-                              capture_output=True, text=True, timeout=None if timeout_s == float("inf") else timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"killed after {timeout_s:.0f} s (the budget left)"}
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    if rows:
-        return json.loads(rows[-1][4:])
-    return {"error": f"no result (exit {proc.returncode}): {proc.stderr[-3000:]}"}
+def fresh_row(name: str, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
+    """``--fresh``: the variant's row from a process of its own (its ``--child`` run)."""
+    child = fresh_process(__file__, child_argv(name, args), timeout_s)
+    row = (child.get("rows") or [{"variant": name}])[0]
+    return {**row, "error": child["error"]} if "error" in child else row
 
 
 # --- output -------------------------------------------------------------------------
 
-def environment(device: str) -> dict[str, Any]:
-    env: dict[str, Any] = {"torch": torch.__version__, "device": device}
-    if device == "cuda":
-        import triton
-
-        env.update(gpu=torch.cuda.get_device_name(), triton=triton.__version__)
-    try:  # the version without importing torchao, whose import is the variants' business
-        env["torchao"] = importlib.metadata.version("torchao")
+def torchao_version() -> str | None:
+    """The version without importing torchao, whose import is the variants' business."""
+    try:
+        return importlib.metadata.version("torchao")
     except importlib.metadata.PackageNotFoundError:
-        env["torchao"] = None
-    return env
+        return None
 
 
 def speedups(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -373,76 +348,65 @@ def speedups(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]
     return out
 
 
-def table(result: dict[str, Any]) -> str:
-    (b1, b8), (p1, p2) = result["batches"], result["prefill"]
-    head = ["variant", f"tok/s b{b1}", f"tok/s b{b8}", f"prefill {p1} ms", f"prefill {p2} ms",
-            f"x best bf16 (b{b1}, b{b8}, {p1}, {p2})", f"agree b{b1} prefix/overall", "first call s (max)", "peak GB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, row in result["variants"].items():
+def table(rows: list[dict[str, Any]], ratios: dict[str, dict[str, float]], shapes: Shapes) -> str:
+    """The printed summary: a row per variant (its error's last line where it failed)."""
+    (b1, b8), (p1, p2) = shapes.batches, shapes.prefill
+    lines = []
+    for row in rows:
         if "error" in row:
-            lines.append(f"| {name} | " + row["error"].strip().splitlines()[-1][:120] + " |" + " |" * (len(head) - 2))
+            lines.append({"variant": row["variant"], f"tok/s b{b1}": row["error"].strip().splitlines()[-1][:120]})
             continue
-        tps, pre, agree = row["tokens_per_s"], row["prefill_ms"], row["agreement"]
-        ratio = ", ".join(f"{v:.2f}" for v in result["speedups"].get(name, {}).values())
-        lines.append(f"| {name} | {tps[f'b{b1}']} | {tps[f'b{b8}']} | {pre[str(p1)]} | {pre[str(p2)]} | {ratio} | "
-                     f"{agree[f'b{b1}']['prefix']}/{agree[f'b{b1}']['overall']} | {max(row['first_call_s'].values()):.1f} | "
-                     f"{row.get('peak_reserved_gb', '-')} |")
-    return "\n".join(lines)
+        tps, pre, agree = row["tokens_per_s"], row["prefill_ms"], row["agreement"][f"b{b1}"]
+        lines.append({"variant": row["variant"], f"tok/s b{b1}": tps[f"b{b1}"], f"tok/s b{b8}": tps[f"b{b8}"],
+                      f"prefill {p1} ms": pre[str(p1)], f"prefill {p2} ms": pre[str(p2)],
+                      "x best bf16": ", ".join(f"{v:.2f}" for v in ratios.get(row["variant"], {}).values()),
+                      f"agree b{b1} prefix/overall": f"{agree['prefix']}/{agree['overall']}",
+                      "first call s (max)": max(row["first_call_s"].values()),
+                      "peak MB": row.get("peak_reserved_MB")})
+    columns = ["variant", f"tok/s b{b1}", f"tok/s b{b8}", f"prefill {p1} ms", f"prefill {p2} ms", "x best bf16",
+               f"agree b{b1} prefix/overall", "first call s (max)", "peak MB"]
+    return markdown_table(lines, columns, digits=1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT), help=f"from: {', '.join(VARIANTS)}")
     parser.add_argument("--fresh", action="store_true", help="each variant in its own process")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, Dynamo's eager backend")
     parser.add_argument("--steps", type=int, default=32, help="decode steps per timed round")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill-reps", type=int, default=5)
     parser.add_argument("--torchao-mode", default="reduce-overhead", help="torch.compile mode of the torchao variants")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="skip the variants left once this many seconds have passed")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.smoke:
-        torch.set_num_threads(1)  # tiny matrices: threads cost more than they save
-    if args.child:
-        child(args.child, args)
-        return
-    began = time.perf_counter()
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args = parser.parse_args(argv)
+    names = [args.child] if args.child else [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
-        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    shapes = Shapes(args.smoke, args)
-    result: dict[str, Any] = {
-        "env": environment(shapes.device), "parameters": shapes.config.parameters(), "fresh": args.fresh,
-        "batches": list(shapes.batches), "prefill": list(shapes.prefill), "prompt": shapes.prompt,
-        "cache_len": shapes.cache_len, "decode_steps": shapes.steps, "rounds": shapes.rounds,
-        "agree_steps": shapes.agree_steps, "variants": {}}
-    base = reference = None
-    if not args.fresh:
-        base = base_model(shapes)
-        with torch.no_grad():
-            reference = references(base, shapes)
-    os.makedirs(args.out, exist_ok=True)
-    for name in names:
-        spent = time.perf_counter() - began
-        if spent > args.budget_s:
-            row = {"error": f"skipped: the budget of {args.budget_s:.0f} s was spent"}
-        elif args.fresh:
-            row = fresh_row(name, args.budget_s - spent)
-        else:
-            row = run_variant(name, base, shapes, reference, args)
-        result["variants"][name] = row
-        print(f"{name}: {json.dumps(row)[:1500]}", flush=True)
-        result["speedups"] = speedups(result["variants"])
-        with open(os.path.join(args.out, "decoder.json"), "w") as f:
-            json.dump(result, f, indent=1)
-    result["wall_s"] = round(time.perf_counter() - began, 1)
-    with open(os.path.join(args.out, "decoder.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(table(result))
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    shapes = Shapes(args)
+    record = Record("decoder", args, shapes.device, torchao=torchao_version(), **shapes.record())
+    with cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+        base = reference = None
+        if not args.fresh:
+            base = base_model(shapes)
+            with torch.no_grad():
+                reference = references(base, shapes)
+        began = time.perf_counter()
+        for name in names:
+            spent = time.perf_counter() - began
+            if spent > args.budget_s:
+                row = {"variant": name, "error": f"skipped: the budget of {args.budget_s:.0f} s was spent"}
+            elif args.fresh:
+                row = fresh_row(name, args, args.budget_s - spent)
+            else:
+                row = run_variant(name, base, shapes, reference, args)
+            record.add(row)
+            record.extra["speedups"] = speedups({r["variant"]: r for r in record.rows})
+            record.save()
+            print(f"{name}: {str(row)[:1500]}", flush=True)
+    if not args.child:
+        print(table(record.rows, record.extra["speedups"], shapes))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -229,8 +229,7 @@ def fresh_cache_dir(root: str, label: str) -> None:
 
 
 def bench_ms(fn: Callable, inputs: tuple, device: str, graph: bool = False) -> float:
-    """Median ms of one call of ``fn(*inputs)`` (:func:`harness.call_ms`); serving.py and
-    serving_seq.py import it from here."""
+    """Median ms of one call of ``fn(*inputs)`` (:func:`harness.call_ms`)."""
     return call_ms(lambda: fn(*inputs), device, graph=graph)
 
 

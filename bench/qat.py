@@ -4,28 +4,31 @@ digits, side by side in one run, with PyTorch's own QAT flow (torchao's
 ``torch.ao.quantization.quantize_pt2e``) on the same model and schedule where it runs.
 
     pip install scikit-learn torchao
-    python bench/qat.py --seeds 0 1 2 --json bench/qat_cpu.json
+    python bench/qat.py --seeds 0 1 2                # the record: bench/results/cpu/qat.json
+    python bench/qat.py --smoke                      # synthetic 8x8 images, one seed, seconds (CI)
 
 Per seed: train the float CNN of ``examples/qat_digits.py``; quantize it after training
 (BatchNorm folded, int8 weights + activations static, calibrated on 512 training images;
 int4 weights, group 128); fine-tune copies of the float model with fxopt QAT (int8 static,
 int4 weight-only) and with pt2e QAT (int8 static) for ``--qat-epochs`` epochs, observers
 and BatchNorm frozen for the last epoch (pt2e: observers only; it has no BatchNorm freeze
-for exported graphs); convert and measure test accuracy and test cross-entropy.
+for exported graphs); convert and measure test accuracy and test cross-entropy. One record
+row per seed; where torchao does not import, its column is missing and ``pt2e`` says why.
+``--smoke`` runs every step on synthetic images (ten noisy 8x8 prototypes: scikit-learn is
+not a test dependency) for an epoch or two.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.util
-import json
-import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import Record, cli, cpu_threads, markdown_table
 
 import fxopt
 import fxopt.quant as fq
@@ -84,16 +87,27 @@ def pt2e_qat(model, x_train, y_train, example, epochs, freeze_after, lr, seed):
     return converted, "torchao prepare_qat_pt2e + XNNPACKQuantizer (per-channel symmetric weights, is_qat)"
 
 
-def run_seed(seed: int, float_epochs: int, qat_epochs: int) -> dict:
+def synthetic_digits(seed: int) -> tuple[torch.Tensor, ...]:
+    """``--smoke``'s stand-in for scikit-learn's digits: ten 8x8 prototypes in [0, 1] plus
+    noise, 160 training and 40 test images (a split as ``digits`` returns it)."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.rand(10, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (200,), generator=g)
+    x = (prototypes[y] + 0.3 * torch.randn(200, 1, 8, 8, generator=g)).clamp(0, 1)
+    return x[:160], y[:160], x[160:], y[160:]
+
+
+def run_seed(seed: int, float_epochs: int, qat_epochs: int, smoke: bool) -> dict[str, Any]:
+    """One seed's row: every model's test accuracy and cross-entropy, and the seconds of each step."""
     torch.manual_seed(seed)
-    x_train, y_train, x_test, y_test = digits_example.digits(seed)
+    x_train, y_train, x_test, y_test = (synthetic_digits if smoke else digits_example.digits)(seed)
     example = (x_train[:64],)
     start = time.perf_counter()
     model = digits_example.train(digits_example.DigitsCNN(), x_train, y_train, float_epochs, 3e-3,
                                  f"float s{seed}", seed)
     row = {"float": evaluate(model, x_test, y_test)}
     folded = fxopt.optimize(model.eval(), ["fold_conv_bn"], example_inputs=example)
-    calibration = [(x_train[i:i + 64],) for i in range(0, 512, 64)]
+    calibration = [(x_train[i:i + 64],) for i in range(0, min(512, len(x_train)), 64)]
     row["ptq int8"] = evaluate(fq.quantize_model(folded, example, "int8_static",
                                                  calibration_data=calibration), x_test, y_test)
     row["ptq int4"] = evaluate(fq.quantize_model(folded, example, "int4_weight_only",
@@ -117,32 +131,31 @@ def run_seed(seed: int, float_epochs: int, qat_epochs: int) -> dict:
     return {"seed": seed, "results": row, "seconds": timings, "pt2e": what}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Accuracy (cross-entropy) per seed and model, and the mean accuracy of each model."""
+    names = list(rows[0]["results"])
+    lines = [{"seed": r["seed"], **{n: f"{r['results'][n]['acc']:.2f} ({r['results'][n]['nll']:.3f})" for n in names}}
+             for r in rows]
+    lines.append({"seed": "mean", **{n: f"{sum(r['results'][n]['acc'] for r in rows) / len(rows):.2f}" for n in names}})
+    return markdown_table(lines, ["seed", *names])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--float-epochs", type=int, default=15)
     parser.add_argument("--qat-epochs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny model: 1 is fastest)")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    runs = [run_seed(s, args.float_epochs, args.qat_epochs) for s in args.seeds]
-    total = time.perf_counter() - start
-    names = list(runs[0]["results"])
-    print(f"\n{'seed':>4} " + " ".join(f"{n:>14}" for n in names))
-    for r in runs:
-        print(f"{r['seed']:>4} " + " ".join(f"{r['results'][n]['acc']:>7.2f} ({r['results'][n]['nll']:.3f})"
-                                           for n in names))
-    mean = {n: sum(r["results"][n]["acc"] for r in runs) / len(runs) for n in names}
-    print(f"{'mean':>4} " + " ".join(f"{mean[n]:>14.2f}" for n in names))
-    print(f"pt2e: {runs[0]['pt2e']}")
-    print(f"total {total:.1f} s for {len(runs)} seed(s); per seed: "
-          + ", ".join(f"{k} {v:.1f} s" for k, v in runs[0]["seconds"].items()))
-    if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "total_seconds": total, "machine": platform.platform(),
-                                         "processor": platform.processor(), "torch": torch.__version__,
-                                         "args": vars(args) | {"json": str(args.json)}}, indent=1))
+    args = parser.parse_args(argv)
+    seeds, float_epochs, qat_epochs = ([0], 1, 2) if args.smoke else (args.seeds, args.float_epochs, args.qat_epochs)
+    record = Record("qat", args, cli.device_for(args, default="cpu"))
+    with cpu_threads(args.threads):
+        for seed in seeds:
+            record.add(run_seed(seed, float_epochs, qat_epochs, args.smoke))
+    print(summary(record.rows))
+    print(f"pt2e: {record.rows[0]['pt2e']}")
+    print("per seed: " + ", ".join(f"{k} {v:.1f} s" for k, v in record.rows[0]["seconds"].items()))
+    return record.data
 
 
 if __name__ == "__main__":

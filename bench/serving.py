@@ -13,8 +13,14 @@ it has not seen, whether a call at another batch size and a second call at the f
 leave an earlier output intact (plain-call semantics; reduce-overhead's outputs live in its
 pool), and, for fxopt, what its replay did per shape (``CompiledGraph.replay``).
 
+Timing is the bench harness's (``call_ms``; the batches of a variant in interleaved rounds,
+``alternate``), and so are the baselines (bench/gpu_zoo.py's ``make_variant``: the
+harness's ``inductor_variant``; each freezing mode checked frozen) and the device memory of
+each variant, from before its first call (``peak_reserved_MB``). The record (``--out``,
+default ``bench/results/<gpu>/serving.json``) is rewritten after every variant.
+
     python bench/serving.py --models resnet50 --out $OUT/serving.json
-    python bench/serving.py --tiny      # CPU, stand-in model: checks the script's logic
+    python bench/serving.py --smoke     # CPU, stand-in model: checks the script's logic (CI)
 
 One Inductor cache is shared by every variant (kernels compiled for one serve another):
 compile times are not compared here (bench/gpu_zoo.py does, with a cold cache each).
@@ -26,10 +32,23 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from gpu_zoo import INDUCTOR_MODES, bench_ms, build, make_variant, rel_l2
+from gpu_zoo import build, make_variant, rel_l2
+from harness import (
+    INDUCTOR_MODES,
+    DeviceMemory,
+    Record,
+    alternate,
+    call_ms,
+    cli,
+    cpu_threads,
+    frozen_summary,
+    median,
+    wall_ms,
+)
 
 ROUTES = ("automatic", "dynamic", "mark_dynamic")
 VARIANTS = (*INDUCTOR_MODES, "fxopt")
@@ -56,70 +75,69 @@ def serve_one(variant: str, route: str, model: torch.nn.Module, example: torch.T
 
     entry: dict[str, Any] = {}
     with torch.no_grad(), context():
-        sync(args)
-        start = time.perf_counter()
-        for b in batches:
-            for _ in range(2):
-                call(batch_input(example, b))
-        sync(args)
-        entry["warm_up_s"] = time.perf_counter() - start
+        memory = DeviceMemory(args.device).start()
+        entry["warm_up_s"] = wall_ms(lambda: [call(batch_input(example, b)) for b in batches for _ in range(2)],
+                                     args.device, reps=1, warmup=0) / 1e3
         timed = {b: batch_input(example, b) for b in batches}
-        samples: dict[int, list[float]] = {b: [] for b in batches}
-        for _ in range(args.rounds):
-            for b in batches:
-                samples[b].append(bench_ms(lambda b=b: call(timed[b]), (), args.device))
-        for b in batches:
-            times = sorted(samples[b])
-            entry[f"ms_{b}"] = times[len(times) // 2]
-            entry[f"ms_{b}_samples"] = times
+        samples = alternate(timed, args.rounds, lambda x: call_ms(lambda: call(x), args.device))
+        entry.update(memory.stop())
+        for b, times in samples.items():
+            entry[f"ms_{b}"], entry[f"ms_{b}_samples"] = median(times), times
             fresh = batch_input(example, b)
             entry[f"rel_l2_{b}_vs_eager"] = rel_l2(call(fresh).float(), model(fresh).float())
-        entry["earlier_output_kept"] = earlier_output_kept(call, example, batches)
-    if variant == "fxopt":
-        reports = stats["reports"]
-        entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
-        entry["no_replay"] = [g.no_replay for g in reports if g.no_replay]
-        entry["replay_logs"] = [str(g.replay) for g in reports if g.replay is not None]
+        entry["earlier_output_kept"] = earlier_output_kept(call, lambda b: batch_input(example, b), batches)
+    entry.update(frozen_summary(variant, stats), **(fxopt_graphs(stats) if variant == "fxopt" else {}))
     return entry
 
 
-def earlier_output_kept(call: Any, example: torch.Tensor, batches: list[int]) -> str:
-    """Whether an output survives a call at another batch size and a second call at its own."""
-    x = batch_input(example, batches[0])
+def fxopt_graphs(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the fxopt backend did with each graph it compiled (its ``reports``): fallbacks,
+    why a graph is not replayed, and each replay's log per call shape; serving_seq.py's too."""
+    reports = stats["reports"]
+    return {"graphs": len(reports), "fallbacks": [g.fallback for g in reports if g.fallback],
+            "no_replay": [g.no_replay for g in reports if g.no_replay],
+            "replay_logs": [str(g.replay) for g in reports if g.replay is not None]}
+
+
+def earlier_output_kept(call: Callable[[torch.Tensor], torch.Tensor], make_input: Callable[[int], torch.Tensor],
+                        sizes: list[int]) -> str:
+    """Whether an output survives a call at another size and a second call at its own
+    (plain-call semantics; serving_seq.py asks it too)."""
     try:
-        out = call(x)
+        out = call(make_input(sizes[0]))
         kept = out.clone()
-        call(batch_input(example, batches[-1]))
-        call(batch_input(example, batches[0]))
+        call(make_input(sizes[-1]))
+        call(make_input(sizes[0]))
         return "yes" if torch.equal(out, kept) else "no: overwritten by a later call"
     except RuntimeError as exc:  # reduce-overhead refuses to read an overwritten output
         return f"no: {str(exc).splitlines()[0][:160]}"
 
 
-def sync(args: argparse.Namespace) -> None:
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-
-
-def summarize(row: dict[str, Any], batches: list[int]) -> None:
-    """Per batch: fxopt against the best Inductor mode of this route."""
+def summarize(row: dict[str, Any], sizes: list[int]) -> None:
+    """Per size: fxopt against the best Inductor mode of this route (an upper bound where
+    a mode was not measured: ``modes_measured_<size>`` says which were); serving_seq.py's too."""
     fx = row.get("fxopt", {})
-    for b in batches:
-        timed = [(row[v][f"ms_{b}"], v) for v in INDUCTOR_MODES if f"ms_{b}" in row.get(v, {})]
-        if timed and f"ms_{b}" in fx:
+    for size in sizes:
+        key = f"ms_{size}"
+        timed = [(row[v][key], v) for v in INDUCTOR_MODES if key in row.get(v, {})]
+        row[f"modes_measured_{size}"] = [v for _, v in timed]
+        if timed and key in fx:
             best, name = min(timed)
-            row[f"speedup_{b}"] = best / fx[f"ms_{b}"]
-            row[f"best_inductor_{b}"] = name
+            row[f"speedup_{size}"] = best / fx[key]
+            row[f"best_inductor_{size}"] = name
 
 
 def table(rows: list[dict[str, Any]], batches: list[int]) -> str:
+    """The printed summary: per model and route, fxopt against the best mode, then each variant."""
     lines = [f"ms per call (median of rounds) at batches {batches}, after each was called twice; "
              "kept = an earlier output survives later calls"]
     for r in rows:
         lines.append(f"\n{r['model']} [{r['route']}]  fxopt vs best Inductor mode: " + ", ".join(
             f"b{b} {r[f'speedup_{b}']:.3f}x ({r[f'best_inductor_{b}']})" for b in batches if f"speedup_{b}" in r))
         for variant in VARIANTS:
-            v = r.get(variant, {})
+            v = r.get(variant)
+            if not v:  # not in --variants
+                continue
             if "error" in v:
                 lines.append(f"  {variant:26s} ERROR {v['error'][:200]}")
                 continue
@@ -136,48 +154,49 @@ def table(rows: list[dict[str, Any]], batches: list[int]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def serve_model(name: str, args: argparse.Namespace, record: Record, started: float) -> None:
+    """Every route and variant of model ``name``: a record row per route, saved after each
+    variant; the variants left once ``--budget-s`` is spent say so."""
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    batches = [int(b) for b in args.batches.split(",")]
+    model, inputs = build(name, args.smoke)
+    model = model.to(args.device, dtype)
+    example = inputs[0].to(args.device, dtype)
+    if example.dim() == 4:
+        model = model.to(memory_format=torch.channels_last)
+    for route in args.routes.split(","):
+        row = record.add({"model": name, "route": route, "batches": batches})
+        for variant in args.variants.split(","):
+            if time.perf_counter() - started > args.budget_s:
+                row[variant] = {"error": f"skipped: time budget of {args.budget_s:.0f}s spent"}
+                continue
+            try:
+                row[variant] = serve_one(variant, route, model, example, args)
+            except Exception as exc:  # one broken variant must not lose the other numbers
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            print(f"[{name} {route}] {variant}: {json.dumps(row[variant])}", flush=True)
+            summarize(row, batches)
+            record.save()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet50")
     parser.add_argument("--routes", default=",".join(ROUTES))
     parser.add_argument("--batches", default="32,8,16")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tiny", action="store_true", help="CPU stand-in model: check the script's logic")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--tiny", dest="smoke", action="store_true", help="the old name of --smoke")
     parser.add_argument("--budget-s", type=float, default=480, help="skip what is left once this is spent")
-    args = parser.parse_args()
-    args.device = "cpu" if args.tiny else "cuda"
-    dtype = torch.float32 if args.tiny else torch.bfloat16
-    batches = [int(b) for b in args.batches.split(",")]
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
+    args = parser.parse_args(argv)
+    args.device = cli.device_for(args)
+    record = Record("serving", args, args.device)
     started = time.perf_counter()
-    rows = []
-    for name in args.models.split(","):
-        model, inputs = build(name, args.tiny)
-        model = model.to(args.device, dtype)
-        example = inputs[0].to(args.device, dtype)
-        if example.dim() == 4:
-            model = model.to(memory_format=torch.channels_last)
-        for route in args.routes.split(","):
-            row: dict[str, Any] = {"model": name, "route": route, "batches": batches}
-            for variant in args.variants.split(","):
-                if time.perf_counter() - started > args.budget_s:
-                    row[variant] = {"error": f"skipped: time budget of {args.budget_s:.0f}s spent"}
-                    continue
-                try:
-                    row[variant] = serve_one(variant, route, model, example, args)
-                except Exception as exc:  # one broken variant must not lose the other numbers
-                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-                print(f"[{name} {route}] {variant}: {json.dumps(row[variant])}", flush=True)
-            summarize(row, batches)
-            rows.append(row)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
-    print(table(rows, batches))
+    with cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+        for name in args.models.split(","):
+            serve_model(name, args, record, started)
+    print(f"\n{record.meta}  total {time.perf_counter() - started:.0f}s\n")
+    print(table(record.rows, [int(b) for b in args.batches.split(",")]))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -21,10 +21,14 @@ whether an earlier output survives later calls, and fxopt's replay log.
 
     python bench/serving_seq.py --out $OUT/serving_seq.json                  # automatic route
     python bench/serving_seq.py --routes automatic,static --profile-length 384 --out $OUT/serving_seq.json
-    python bench/serving_seq.py --tiny                                       # CPU, small encoder: checks the logic
+    python bench/serving_seq.py --smoke                                      # CPU, small encoder: checks the logic (CI)
 
-One Inductor cache serves every variant (kernels compiled for one serve another); the JSON
-is rewritten after every variant, and a variant that fails is a row saying why.
+Timing, baselines and memory are the bench harness's (``call_ms`` over the lengths in
+interleaved rounds, ``wall_ms`` for the first and second calls, bench/gpu_zoo.py's
+``make_variant`` for the modes, ``DeviceMemory`` from before a variant's first call). One
+Inductor cache serves every variant (kernels compiled for one serve another); the record
+(``--out``, default ``bench/results/<gpu>/serving_seq.json``) is rewritten after every
+variant, and a variant that fails is a row saying why.
 """
 
 from __future__ import annotations
@@ -32,31 +36,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from gpu_zoo import (
+from gpu_zoo import HiddenStates, make_variant, profile_kernels, profile_text, rel_l2
+from harness import (
     INDUCTOR_MODES,
-    HiddenStates,
-    bench_ms,
+    DeviceMemory,
+    Record,
+    alternate,
+    call_ms,
+    cli,
+    cpu_threads,
     frozen_summary,
-    make_variant,
-    profile_kernels,
-    profile_text,
-    rel_l2,
+    median,
+    wall_ms,
 )
+from serving import earlier_output_kept, fxopt_graphs, summarize
 
 ROUTES = {"automatic": None, "static": False}
 #: fxopt and the modes likeliest to be best first: a budget that runs out skips the slowest
 VARIANTS = ("fxopt", "reduce_overhead_freezing", "reduce_overhead", "inductor_freezing", "inductor")
 #: BERT-base: hidden size, heads, MLP width, layers, vocabulary, positions
 BERT_BASE = {"d": 768, "heads": 12, "ff": 3072, "layers": 12, "vocab": 30522, "positions": 512}
-TINY = {"d": 64, "heads": 4, "ff": 256, "layers": 2, "vocab": 1000, "positions": 512}
+TINY = {"d": 64, "heads": 4, "ff": 256, "layers": 1, "vocab": 1000, "positions": 512}
 
 
 class EncoderLayer(nn.Module):
@@ -109,32 +115,6 @@ def build_encoder(tiny: bool) -> tuple[nn.Module, int, str]:
             f"transformers {transformers.__version__} BertModel")
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed_call(fn: Callable, x: torch.Tensor, device: str) -> float:
-    """Seconds of one call, synchronized."""
-    sync(device)
-    start = time.perf_counter()
-    fn(x)
-    sync(device)
-    return time.perf_counter() - start
-
-
-def earlier_output_kept(fn: Callable, tokens: Callable[[int], torch.Tensor], lengths: list[int]) -> str:
-    """Whether an output survives a call at another length and a second call at its own."""
-    try:
-        out = fn(tokens(lengths[0]))
-        kept = out.clone()
-        fn(tokens(lengths[-1]))
-        fn(tokens(lengths[0]))
-        return "yes" if torch.equal(out, kept) else "no: overwritten by a later call"
-    except RuntimeError as exc:  # reduce-overhead refuses to read an overwritten output
-        return f"no: {str(exc).splitlines()[0][:160]}"
-
-
 def serve_one(variant: str, route: str, model: nn.Module, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
     """Compile ``variant`` afresh, warm it up in serving order, time and check every length."""
     device, lengths = args.device, args.lengths
@@ -147,18 +127,16 @@ def serve_one(variant: str, route: str, model: nn.Module, vocab: int, args: argp
     fn, context = make_variant(variant, model, stats, dynamic=ROUTES[route])
     entry: dict[str, Any] = {}
     with torch.no_grad(), context():
+        memory = DeviceMemory(device).start()
         for length in lengths:  # serving order; the first call compiles, the second captures
-            entry[f"first_call_s_{length}"] = timed_call(fn, tokens(length), device)
-            entry[f"second_call_s_{length}"] = timed_call(fn, tokens(length), device)
+            for call in ("first", "second"):
+                ids = tokens(length)
+                entry[f"{call}_call_s_{length}"] = wall_ms(lambda ids=ids: fn(ids), device, reps=1, warmup=0) / 1e3
         timed = {length: tokens(length) for length in lengths}
-        samples: dict[int, list[float]] = {length: [] for length in lengths}
-        for _ in range(args.rounds):
-            for length in lengths:
-                samples[length].append(bench_ms(lambda length=length: fn(timed[length]), (), device))
-        for length in lengths:
-            times = sorted(samples[length])
-            entry[f"ms_{length}"] = times[len(times) // 2]
-            entry[f"ms_{length}_samples"] = times
+        samples = alternate(timed, args.rounds, lambda ids: call_ms(lambda: fn(ids), device))
+        entry.update(memory.stop())
+        for length, times in samples.items():
+            entry[f"ms_{length}"], entry[f"ms_{length}_samples"] = median(times), times
             fresh = tokens(length)
             out = fn(fresh).float().clone()  # reduce-overhead's next call overwrites its output
             ref = model(fresh).float()
@@ -167,28 +145,8 @@ def serve_one(variant: str, route: str, model: nn.Module, vocab: int, args: argp
         if args.profile_length in lengths and device == "cuda":
             entry["profile"] = profile_kernels(fn, (timed[args.profile_length],))
         entry["earlier_output_kept"] = earlier_output_kept(fn, tokens, lengths)
-    entry.update(frozen_summary(variant, stats))
-    if variant == "fxopt":
-        reports = stats["reports"]
-        entry["graphs"] = len(reports)
-        entry["fallbacks"] = [g.fallback for g in reports if g.fallback]
-        entry["no_replay"] = [g.no_replay for g in reports if g.no_replay]
-        entry["replay_logs"] = [str(g.replay) for g in reports if g.replay is not None]
+    entry.update(frozen_summary(variant, stats), **(fxopt_graphs(stats) if variant == "fxopt" else {}))
     return entry
-
-
-def summarize(row: dict[str, Any], lengths: list[int]) -> None:
-    """Per length: fxopt against the best Inductor mode of this route (an upper bound where
-    a mode was not measured: ``modes_measured`` says which were)."""
-    fx = row.get("fxopt", {})
-    for length in lengths:
-        key = f"ms_{length}"
-        timed = [(row[v][key], v) for v in INDUCTOR_MODES if key in row.get(v, {})]
-        row[f"modes_measured_{length}"] = [v for _, v in timed]
-        if timed and key in fx:
-            best, name = min(timed)
-            row[f"speedup_{length}"] = best / fx[key]
-            row[f"best_inductor_{length}"] = name
 
 
 def table(rows: list[dict[str, Any]], lengths: list[int]) -> str:
@@ -222,62 +180,57 @@ def table(rows: list[dict[str, Any]], lengths: list[int]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--routes", default="automatic", help=f"comma-separated: {', '.join(ROUTES)}")
     parser.add_argument("--lengths", default="128,384,256", help="sequence lengths, in serving order")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile-length", type=int, default=None,
                         help="profile every variant's kernels at this length (fxopt and the best mode are printed)")
-    parser.add_argument("--tiny", action="store_true", help="CPU, small encoder: check the script's logic")
-    parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "serving_seq.json") if os.environ.get("OUT") else None)
+    parser.add_argument("--tiny", dest="smoke", action="store_true", help="the old name of --smoke")
     parser.add_argument("--budget-s", type=float, default=300,
                         help="skip a variant when it would end past this many seconds (by the mean variant so far)")
-    args = parser.parse_args()
-    args.device = "cpu" if args.tiny else "cuda"
+    args = parser.parse_args(argv)
+    args.device = cli.device_for(args)
     args.lengths = [int(n) for n in args.lengths.split(",")]
     unknown = [r for r in args.routes.split(",") if r not in ROUTES]
     if unknown:
-        raise SystemExit(f"unknown route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
-    # every variant and length is one more cache entry on the encoder's forward (static route)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    model, vocab, what = build_encoder(args.tiny)
-    model = model.to(args.device, torch.float32 if args.tiny else torch.bfloat16)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "model": what, "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
+        parser.error(f"unknown route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    model, vocab, what = build_encoder(args.smoke)
+    model = model.to(args.device, torch.float32 if args.smoke else torch.bfloat16)
+    record = Record("serving_seq", args, args.device, model=what)
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
     durations: list[float] = []
-    for route in args.routes.split(","):
-        row: dict[str, Any] = {"model": "bert_base", "route": route, "batch": args.batch, "lengths": args.lengths}
-        rows.append(row)
-        for variant in args.variants.split(","):
-            elapsed = time.perf_counter() - started
-            expected = sum(durations) / len(durations) if durations else 0.0
-            if elapsed + expected > args.budget_s:
-                row[variant] = {"error": f"skipped: {elapsed:.0f}s spent, a variant takes ~{expected:.0f}s, "
-                                         f"budget {args.budget_s:.0f}s"}
-            else:
-                try:
-                    row[variant] = serve_one(variant, route, model, vocab, args)
-                except Exception as exc:  # one broken variant must not lose the other numbers
-                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-                durations.append(time.perf_counter() - started - elapsed)
-                row[variant]["variant_s"] = durations[-1]
-            print(f"[{route}] {variant}: {json.dumps({k: v for k, v in row[variant].items() if k != 'profile'})}",
-                  flush=True)
-            summarize(row, args.lengths)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"meta": meta, "rows": rows, "elapsed_s": time.perf_counter() - started}, f, indent=1)
-        if args.profile_length is not None and f"best_inductor_{args.profile_length}" in row:
-            chosen = ("fxopt", row[f"best_inductor_{args.profile_length}"])
-            print(profile_text(f"bert_base [{route}] s{args.profile_length}",
-                               {v: row[v]["profile"] for v in chosen if "profile" in row[v]}), flush=True)
-    print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
-    print(table(rows, args.lengths))
+    # every variant and length is one more cache entry on the encoder's forward (static route)
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 64)), \
+            cpu_threads(1 if args.smoke else None):  # tiny matrices: threads cost more than they save
+        for route in args.routes.split(","):
+            row = record.add({"model": "bert_base", "route": route, "batch": args.batch, "lengths": args.lengths})
+            for variant in args.variants.split(","):
+                elapsed = time.perf_counter() - started
+                expected = sum(durations) / len(durations) if durations else 0.0
+                if elapsed + expected > args.budget_s:
+                    row[variant] = {"error": f"skipped: {elapsed:.0f}s spent, a variant takes ~{expected:.0f}s, "
+                                             f"budget {args.budget_s:.0f}s"}
+                else:
+                    try:
+                        row[variant] = serve_one(variant, route, model, vocab, args)
+                    except Exception as exc:  # one broken variant must not lose the other numbers
+                        row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+                    durations.append(time.perf_counter() - started - elapsed)
+                    row[variant]["variant_s"] = durations[-1]
+                print(f"[{route}] {variant}: {json.dumps({k: v for k, v in row[variant].items() if k != 'profile'})}",
+                      flush=True)
+                summarize(row, args.lengths)
+                record.save()
+            if args.profile_length is not None and f"best_inductor_{args.profile_length}" in row:
+                chosen = ("fxopt", row[f"best_inductor_{args.profile_length}"])
+                print(profile_text(f"bert_base [{route}] s{args.profile_length}",
+                                   {v: row[v]["profile"] for v in chosen if "profile" in row[v]}), flush=True)
+    print(f"\n{record.meta}  total {time.perf_counter() - started:.0f}s\n")
+    print(table(record.rows, args.lengths))
+    return record.data
 
 
 if __name__ == "__main__":

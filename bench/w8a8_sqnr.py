@@ -1,13 +1,14 @@
 """Which int8 schemes keep the Llama MLP stack's SQNR >= 26 dB (issue 30, item 3): on CPU.
 
     python3 bench/w8a8_sqnr.py [--tokens 32] [--out FILE]
+    python3 bench/w8a8_sqnr.py --smoke          # a 2-block stack of width 128, 8 tokens (CI)
 
 Weight-only int8 has the accuracy (27.3 dB on an H100) but at large M a bf16 tensor-core
 GEMM's speed at best; int8 activations would use the int8 tensor cores (twice bf16's rate)
 but per-token scales measured 20.6 dB. This script measures, before any kernel is written,
 which activation scheme keeps >= 26 dB: fake quantization in float32 (round to the int8 grid,
-scale back) of the model of bench/quant_gpu.py (8 blocks, d 4096, hidden 11008, weights
-N(0, 0.02), the init of bench/quant_serving.py), against the float32 model, on Gaussian
+scale back) of bench/quant_serving.py's model (8 blocks, d 4096, hidden 11008, weights
+N(0, 0.02), as it initializes them), against the float32 model, on Gaussian
 inputs. Weights: int8 per output channel everywhere. Activations:
 
 - ``weight-only``: float (the shipped default);
@@ -30,20 +31,18 @@ holds 26 dB with margin on this stack, so large M stays weight-only.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import Record, cli, markdown_table
+from quant_serving import MLPStack
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fxopt.quant.accuracy import sqnr
 
-from quant_gpu import D, MLPStack  # noqa: E402
-
-from fxopt.quant.accuracy import sqnr  # noqa: E402
+#: ``--smoke``: every scheme on a small stack (K a multiple of the 128-wide groups)
+SMOKE = {"blocks": 2, "d": 128, "hidden": 256}
+SMOKE_TOKENS = 8
 
 
 def fake_int8(t: torch.Tensor, dim: int = -1, group: int | None = None) -> torch.Tensor:
@@ -89,40 +88,42 @@ def smoothing(model: MLPStack, calib: torch.Tensor, alpha: float = 0.5) -> dict:
     return factors
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def schemes() -> dict[str, Any]:
+    """Each activation scheme without smoothing: ``act(linear's name, its input)``."""
+    return {
+        "weight-only": lambda name, t: t,
+        "per-token": lambda name, t: fake_int8(t),
+        "per-token, gate/up only": lambda name, t: t if name == "down" else fake_int8(t),
+        "per-token group 128": lambda name, t: fake_int8(t, group=128),
+        "per-token group 128, gate/up only": lambda name, t: t if name == "down" else fake_int8(t, group=128),
+        "per-token group 32": lambda name, t: fake_int8(t, group=32),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    tokens = SMOKE_TOKENS if args.smoke else args.tokens
+    record = Record("w8a8_sqnr", args, cli.device_for(args, default="cpu"), tokens=tokens)
     torch.manual_seed(0)
-    model = MLPStack().eval()
+    model = MLPStack(**(SMOKE if args.smoke else {})).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
-    x = torch.randn(args.tokens, D)
-    calib = torch.randn(args.tokens, D)
-    results = {}
+    d = model.blocks[0].gate.in_features
+    x, calib = torch.randn(tokens, d), torch.randn(tokens, d)
+    names = [(i, n) for i in range(len(model.blocks)) for n in ("gate", "up", "down")]
     with torch.no_grad():
         ref = model(x)
-        names = [(i, n) for i in range(len(model.blocks)) for n in ("gate", "up", "down")]
         wq = {f"{i}.{n}": fake_int8(getattr(model.blocks[i], n).weight) for i, n in names}
-        schemes = {
-            "weight-only": lambda name, t: t,
-            "per-token": lambda name, t: fake_int8(t),
-            "per-token, gate/up only": lambda name, t: t if name == "down" else fake_int8(t),
-            "per-token group 128": lambda name, t: fake_int8(t, group=128),
-            "per-token group 128, gate/up only": lambda name, t: t if name == "down" else fake_int8(t, group=128),
-            "per-token group 32": lambda name, t: fake_int8(t, group=32),
-        }
-        for scheme, act in schemes.items():
-            results[scheme] = round(sqnr(ref, run(model, x, act, wq)), 2)
-            print(f"{scheme:28} {results[scheme]:6.2f} dB", flush=True)
+        for scheme, act in schemes().items():
+            record.add({"scheme": scheme, "sqnr_db": round(sqnr(ref, run(model, x, act, wq)), 2)})
         factors = smoothing(model, calib)
         ws = {f"{i}.{n}": fake_int8(getattr(model.blocks[i], n).weight * factors[f"{i}.{n}"]) for i, n in names}
-        results["per-token + smoothing"] = round(sqnr(ref, run(model, x, lambda name, t: fake_int8(t), ws, factors)), 2)
-        print(f"{'per-token + smoothing':28} {results['per-token + smoothing']:6.2f} dB", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"tokens": args.tokens, "sqnr_vs_fp32_db": results}, f, indent=1)
+        smoothed = run(model, x, lambda name, t: fake_int8(t), ws, factors)
+        record.add({"scheme": "per-token + smoothing", "sqnr_db": round(sqnr(ref, smoothed), 2)})
+    print(markdown_table(record.rows, ["scheme", "sqnr_db"], digits=2))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ re-implement lives here, so two benches time, compare and record the same way:
   compile-time transients and CUDA-graph pools included) and peak allocated, in MB; a
   ``with`` block, or ``start()`` ... ``stop()`` across blocks.
 - :mod:`harness.env` — ``environment(device)``: GPU name, torch/triton/cuDNN versions, the
-  commit, the CPU; ``slug`` names the folder of ``bench/results/<gpu>/``.
+  commit, the CPU; ``slug`` names the folder of ``bench/results/<gpu>/``; ``cpu_threads(n)``
+  sets torch's CPU threads for a block and puts them back.
 - :mod:`harness.records` — ``Record``: the JSON of one run (``meta`` = the environment and the
   arguments, ``rows``, and anything else in ``extra``), rewritten on every ``save()`` so that
   a run cut short keeps what it measured, by default at ``bench/results/<gpu>/<bench>.json``
@@ -49,8 +50,9 @@ A bench on the harness (how the quantization benches are meant to be ported)::
         return record.data
 
 Then add the bench to ``SMOKES`` in ``tests/bench/test_smoke.py`` (a test fails for a bench
-that imports the harness without one). ``bench/gpu_zoo.py`` still exports ``bench_ms``,
-``make_variant`` and the profile helpers that ``serving.py`` and ``serving_seq.py`` import.
+that imports the harness without one). ``bench/gpu_zoo.py`` exports ``make_variant`` (the
+Inductor modes above and fxopt's variants, by name), ``build``, ``rel_l2`` and the profile
+helpers that ``serving.py``, ``serving_seq.py`` and ``decoder.py`` import.
 
 Every bench's ``main(argv)`` returns what it wrote, so ``tests/bench/test_smoke.py`` runs
 each one in-process with ``--smoke`` and checks the record's fields and variants.
@@ -68,7 +70,7 @@ from harness.baselines import (
     not_frozen,
     observed_inductor,
 )
-from harness.env import environment, slug
+from harness.env import cpu_threads, environment, slug
 from harness.memory import DeviceMemory
 from harness.records import Record, markdown_table, results_dir
 from harness.timing import (
@@ -83,5 +85,6 @@ from harness.timing import (
 )
 
 __all__ = ["INDUCTOR_MODES", "MUST_FREEZE", "SELF_GRAPHED", "DeviceMemory", "Record", "alternate", "call_ms", "cli",
+           "cpu_threads",
            "environment", "fresh_process", "frozen_summary", "host_ms", "inductor_variant", "loop_ms",
            "markdown_table", "median", "not_frozen", "observed_inductor", "results_dir", "slug", "sync", "wall_ms"]

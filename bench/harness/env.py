@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import re
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -67,3 +69,16 @@ def slug(device_name: str) -> str:
     if model:
         return model.group(1)
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown"
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None) -> Iterator[None]:
+    """``n`` torch CPU threads inside the block (None: as they are), put back after it: a
+    bench run in-process, as the smoke tests run it, leaves the process as it found it."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -11,6 +11,8 @@ into the next variant's figure.
 from __future__ import annotations
 
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
@@ -140,18 +142,23 @@ def alternate(variants: Mapping[K, V], rounds: int, measure: Callable[[V], float
     return {name: sorted(times) for name, times in samples.items() if times}
 
 
-def fresh_process(script: str | Path, argv: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run ``python script *argv --out FILE`` in a new process and return the JSON it wrote
-    there, with ``process_s``; a failure or timeout is ``{"error": why}``, never an exception,
-    so one variant that dies costs the run only its own row."""
+def fresh_process(script: str | Path, argv: Sequence[str], timeout: float,
+                  env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python script *argv --out FILE`` in a new process (``env`` added to this one's
+    environment) and return the JSON it wrote there, with ``process_s``; a failure is
+    ``{"error": why}``, never an exception, so one variant that dies costs the run only its
+    own row (``timeout`` may be infinite). A child killed at ``timeout`` returns what it had written (a :class:`Record` is
+    rewritten on every row) with the error."""
     with tempfile.TemporaryDirectory(prefix="fxopt_bench_") as folder:
         path = Path(folder) / "child.json"
         began = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, str(script), *argv, "--out", str(path)],
-                                  capture_output=True, text=True, timeout=timeout)
+                                  capture_output=True, text=True, timeout=timeout if math.isfinite(timeout) else None,
+                                  env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired:
-            return {"error": f"no result within {timeout:.0f} s"}
+            partial = json.loads(path.read_text()) if path.exists() else {}
+            return {**partial, "error": f"no result within {timeout:.0f} s"}
         if done.returncode != 0 or not path.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             return {"error": f"exit {done.returncode}: {' | '.join(tail)}"[:600]}

@@ -102,9 +102,10 @@ _GEMM_LARGE_M = [(64, 32, 128, 4, 4), (128, 32, 128, 4, 4), (128, 64, 64, 4, 4),
 _GEMM_NORMAL = [(128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
                 (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 3)]
 #: the choice by shape above 256 rows (:data:`M_BUCKETS`), for shapes the shipped table lacks:
-#: "gemm" (fxopt's swap-AB GEMM) or :data:`REFERENCE`; bench/int8_tune.py's run on the Llama
-#: MLP's layers prints which ("LARGE_M_BY_SHAPE should be ..."). The reference until that
-#: run says otherwise: it is the route the last H100 measurement timed above 256 rows
+#: "gemm" (fxopt's swap-AB GEMM) or :data:`REFERENCE`. The reference: the route the last H100
+#: measurement of these kernels timed above 256 rows (bench/RESULTS.md's history). Only fp32
+#: activations reach it now: :mod:`fxopt.quant.routes` sends bf16/fp16 ones of that size to the
+#: two-term product or to dequantize + cuBLAS
 LARGE_M_BY_SHAPE = REFERENCE
 #: fp32 accumulator values per thread a GEMM tile may hold (its tiles x BLOCK_M x BLOCK_N over
 #: 32 x warps threads): above 128 the accumulators spill (ptxas for sm90: every gated tile over

@@ -9,6 +9,7 @@ import sys
 
 import harness
 import pytest
+import torch
 from harness.records import RESULTS
 
 
@@ -77,11 +78,29 @@ def test_fresh_process_reads_back_the_child_json_or_its_error(tmp_path):
     assert harness.fresh_process(bad, [], timeout=60) == {"error": "exit 3: boom"}
 
 
+def test_fresh_process_passes_its_environment_and_keeps_what_a_killed_child_wrote(tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import json, os, sys, time\n"
+                    "open(sys.argv[-1], 'w').write(json.dumps({'v': os.environ['FXOPT_BENCH_V']}))\n"
+                    "time.sleep(60)\n")
+    row = harness.fresh_process(slow, [], timeout=5, env={"FXOPT_BENCH_V": "7"})
+    assert row == {"v": "7", "error": "no result within 5 s"}
+
+
 def test_timers_on_the_cpu_give_positive_medians():
     assert harness.call_ms(lambda: sum(range(100)), "cpu") > 0
     assert harness.loop_ms(lambda: sum(range(100)), "cpu", iters=3, reps=2) > 0
     assert harness.wall_ms(lambda: None, "cpu", reps=3) >= 0
     assert harness.DeviceMemory("cpu").start().stop() == {}  # no device memory to count on a CPU
+
+
+def test_cpu_threads_are_put_back():
+    before = torch.get_num_threads()
+    with harness.cpu_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    with harness.cpu_threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
 
 
 def test_markdown_table():

@@ -2,8 +2,9 @@
 
 Each runs in this process (``main(argv)`` returns what it wrote) with tiny shapes; the test
 checks the record's layout (the environment, one row per measured thing, the fields and
-variants the bench promises), never a figure. The quantization benches, optimize_time,
-startup, report and rewrite_scaling are not on the harness yet.
+variants the bench promises), never a figure. optimize_time, startup, report and
+rewrite_scaling are not on the harness yet. bench/int8_defaults_from_cache.py measures
+nothing: it is the tool that merges an int8 tuning cache into fxopt's shipped table.
 """
 
 from __future__ import annotations
@@ -96,6 +97,96 @@ def _training(data: dict[str, Any]) -> None:
     assert "eager" in data["table"]
 
 
+def _lowbit_probe(data: dict[str, Any]) -> None:
+    assert {(r["shape"], r["M"]) for r in data["rows"]} == {(s, m) for s in ("gate+up", "down") for m in (1, 32)}
+    for row in data["rows"]:
+        ran = ["bf16", "wo_triton", "wo_reference", "int4_fxopt"]
+        ran += ["int_mm", "int_mm_2m", "rescale", "quant_rows", "w8a8_triton", "w8a8_triton_2m", "fp8_rowwise"] \
+            if row["M"] > 16 else []
+        assert all(isinstance(row[label], float) for label in ran), row
+        for label in ("two_term", "dequant_cublas", "int4_tinygemm", "gemlite_a16w8"):  # a row saying why
+            assert row[label] is None and row[f"{label}_skipped"], (label, row)
+
+
+def _w8a8_sqnr(data: dict[str, Any]) -> None:
+    _fields("scheme", "sqnr_db")(data)
+    schemes = [r["scheme"] for r in data["rows"]]
+    assert schemes[0] == "weight-only" and "per-token" in schemes and schemes[-1] == "per-token + smoothing", schemes
+
+
+QUANT_SERVING = ["bf16 freezing", "int8 fxopt", "int8 compile unbacked", "int4 compile", "torchao int8"]
+
+
+def _quant_serving(data: dict[str, Any]) -> None:
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == QUANT_SERVING
+    for name in QUANT_SERVING[:-1]:
+        row = rows[name]
+        assert "error" not in row and "harness_problem" not in row, row
+        assert list(row["first_call_s"]) == list(row["sqnr_vs_fp32"]) == [str(m) for m in data["meta"]["serving_order"]]
+        assert list(row["ms"]) == [str(m) for m in data["meta"]["timed_ms"]] and "host_us_m1" in row
+    assert rows["bf16 freezing"]["frozen"] is True and rows["int8 fxopt"]["frozen"] is True
+    assert rows["int8 compile unbacked"]["dynamo_graphs"] == 1  # one graph for every M
+    assert "ms" in rows["torchao int8"] or "torchao" in rows["torchao int8"]["error"]  # a row saying why
+    assert set(data["speedups"]) >= set(QUANT_SERVING[1:-1])
+    assert set(data["sqnr_vs_fp32_m64"]) == {"bf16", "int8 eager", "int4 eager"}
+    assert data["inductor_code_m1"]["fxopt_op_calls"] > 0
+
+
+DECODER = ["bf16 reduce-overhead freezing", "fxopt int8 backend", "torchao int4"]
+
+
+def _decoder(data: dict[str, Any]) -> None:
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == DECODER
+    meta = data["meta"]
+    shapes = {f"decode_b{b}" for b in meta["batches"]} | {f"prefill_{n}" for n in meta["prefill"]}
+    for name in DECODER[:2]:
+        row = rows[name]
+        assert "error" not in row, row.get("error")
+        assert set(row["first_call_s"]) == shapes and set(row["tokens_per_s"]) == {f"b{b}" for b in meta["batches"]}
+        assert set(row["prefill_ms"]) == {str(n) for n in meta["prefill"]}
+        assert row["graphs"] == len(shapes)  # one per shape: no recompile per decode position
+    # the eager backend runs the reference's very ops: the same greedy tokens
+    assert all(a == {"prefix": 1.0, "overall": 1.0} for a in rows[DECODER[0]]["agreement"].values())
+    # every linear layer quantized: 5 per block (wqkv, wo, w1, w3, w2) and the output head
+    assert rows["fxopt int8 backend"]["quantized"] == {"parts": 2 * 3 + 1, "sites": 2 * 5 + 1, "min_coverage": 1.0}
+    assert rows["torchao int4"]["error"].startswith("skipped")  # a row saying why
+    assert set(data["speedups"]) == set(DECODER[:2])
+
+
+def _qat(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert row["seed"] == 0 and {"float", "ptq int8", "ptq int4", "qat int8", "qat int4"} <= set(row["results"])
+    assert all(set(r) == {"acc", "nll"} for r in row["results"].values())
+    assert "pt2e qat int8" in row["results"] or "torchao" in row["pt2e"]  # torchao's QAT, or why not
+
+
+def _serving(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert (row["model"], row["route"], row["batches"]) == ("llama_mlp", "mark_dynamic", [4, 2])
+    for variant in ("inductor_freezing", "fxopt"):
+        entry = row[variant]
+        assert "error" not in entry and entry["frozen"] is True, entry
+        for b in (4, 2):
+            assert f"ms_{b}" in entry and f"rel_l2_{b}_vs_eager" in entry
+        assert entry["earlier_output_kept"] == "yes"  # plain-call semantics
+    assert row["best_inductor_4"] == "inductor_freezing" and "speedup_2" in row
+
+
+def _serving_seq(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert (row["model"], row["route"], row["lengths"]) == ("bert_base", "automatic", [8, 16])
+    for variant in ("fxopt", "inductor"):
+        entry = row[variant]
+        assert "error" not in entry and entry["earlier_output_kept"] == "yes", entry
+        for n in (8, 16):
+            for key in ("ms", "first_call_s", "second_call_s", "max_abs", "rel_l2"):
+                assert any(k.startswith(f"{key}_{n}") for k in entry), (key, n, entry)
+    assert row["fxopt"]["frozen"] is True and "replay_logs" in row["fxopt"]
+    assert row["modes_measured_8"] == ["inductor"] and "speedup_16" in row  # an upper bound: one mode
+
+
 SMOKES: dict[str, tuple[list[str], Check]] = {
     "gpu_zoo": (["--models", "llama_mlp", "--rounds", "1"], _gpu_zoo),
     "vit_freezing_probe": ([], _fields("variant", "launch_ms")),
@@ -114,6 +205,14 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "training": (["--variants", "eager", "--steps", "2", "--repeats", "1", "--warmup", "1"], _training),
     "grouped_conv_probe": ([], _fields("shape", "groups", "count", "channels_last", "nchw", "padded_32",
                                        "cudnn_benchmark")),
+    "lowbit_probe": ([], _lowbit_probe),
+    "w8a8_sqnr": ([], _w8a8_sqnr),
+    "quant_serving": (["--variants", ",".join(QUANT_SERVING), "--rounds", "1"], _quant_serving),
+    "decoder": (["--variants", ",".join(DECODER)], _decoder),
+    "qat": ([], _qat),
+    "serving": (["--models", "llama_mlp", "--routes", "mark_dynamic", "--variants", "inductor_freezing,fxopt",
+                 "--batches", "4,2", "--rounds", "1"], _serving),
+    "serving_seq": (["--variants", "fxopt,inductor", "--lengths", "8,16", "--rounds", "1"], _serving_seq),
 }
 
 

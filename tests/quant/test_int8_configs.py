@@ -400,27 +400,3 @@ def test_shapes_the_kernels_cannot_take_route_to_the_reference_with_the_reason()
     assert weight_only_route(x96, packed, 32, scales).startswith("cpu tensors")
     torch.testing.assert_close(ops.int4_weight_only_linear(x96, packed, scales, 32, None),
                                int4_weight_only_linear_reference(x96, packed, scales, 32, None))
-
-
-def test_tuning_script_keeps_each_buckets_best_worst_case(monkeypatch):
-    """bench/int8_tune.py's choice per (M bucket, layer): the candidate whose worst ratio
-    to bf16 over the bucket's M values is best (not the fastest at one M); a bucket with an
-    M left untimed is not written; every entry it writes is a candidate the lookup takes."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("int8_tune", ROOT / "bench" / "int8_tune.py")
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
-    large = candidates(int8_configs.LARGE_M)
-    steady, spiky = large[3], large[7]  # spiky: fastest at M = 512, slowest at 4096
-
-    def row(m, times, bucket=int8_configs.LARGE_M):
-        return {"M": m, "shape": "down", "bucket": bucket, "bf16_ms": 1.0,
-                "candidates": [{"kernel": k, "config": int8_configs.as_fields(c), "ms": times.get((k, c), 1.5)}
-                               for k, c in candidates(bucket)]}
-
-    rows = [row(512, {steady: 0.9, spiky: 0.5}), row(4096, {steady: 0.95, spiky: 1.3}),
-            row(64, {candidates(64)[0]: 0.5}, bucket=64)]  # bucket 64 also needs M = 32: not written
-    table = tune.winners(rows, [512, 4096, 32, 64], "sm90")
-    key = tuning_cache.entry_key("sm90", (int8_configs.LARGE_M, 4096, 11008, torch.bfloat16, False, None, False))
-    assert list(table) == [key]
-    assert int8_configs._as_candidate(table[key], large) == steady
