@@ -2,8 +2,8 @@
 
 Each runs in this process (``main(argv)`` returns what it wrote) with tiny shapes; the test
 checks the record's layout (the environment, one row per measured thing, the fields and
-variants the bench promises), never a figure. The quantization benches, optimize_time,
-startup, report and rewrite_scaling are not on the harness yet.
+variants the bench promises), never a figure. The quantization benches are not on the
+harness yet.
 """
 
 from __future__ import annotations
@@ -114,6 +114,19 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
     "training": (["--variants", "eager", "--steps", "2", "--repeats", "1", "--warmup", "1"], _training),
 }
 
+
+
+def _frozen_check_cost(data: dict[str, Any]) -> None:
+    assert [(r["model"], r["frozen_tensors"]) for r in data["rows"]] == [
+        ("resnet50", 267), ("vit_b_16", 152), ("160 tensors", 160)]
+    _fields("plain_us", "checked_us", "check_us")(data)
+    assert [r["model"] for r in data["rows"] if "share_of_call" in r] == ["resnet50", "vit_b_16"]
+    assert "yardstick_us" in data
+
+
+SMOKES.update({
+    "frozen_check_cost": ([], _frozen_check_cost),
+})
 
 @pytest.mark.parametrize("name", list(SMOKES))
 def test_smoke(name, bench_script, tmp_path):
