@@ -124,8 +124,20 @@ def _frozen_check_cost(data: dict[str, Any]) -> None:
     assert "yardstick_us" in data
 
 
+def _optimize_scale(data: dict[str, Any]) -> None:
+    symbolic, exported = data["rows"]
+    assert (symbolic["capture"], exported["capture"]) == ("symbolic_trace", "torch.export")
+    for row, parts in ((symbolic, ("default_pipeline", "fixed_copy", "fixed_validate_inputs_and_shapes")),
+                       (exported, ("default_pipeline", "dce", "baseline_module_and_eliminate_dead_code"))):
+        for part in parts:
+            assert {"min_s", "median_s", "cpu_min_s", "ms_per_node", "cpu_ms_per_node"} <= set(row[part]), (part, row)
+    assert "cse" in symbolic["passes_ms_per_node_last_run"]
+    assert {"dce_vs_baseline_cpu", "model_MB", "peak_rss_above_start_MB"} <= set(exported)
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
+    "optimize_scale": ([], _optimize_scale),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
