@@ -135,9 +135,17 @@ def _optimize_scale(data: dict[str, Any]) -> None:
     assert {"dce_vs_baseline_cpu", "model_MB", "peak_rss_above_start_MB"} <= set(exported)
 
 
+def _optimize_time(data: dict[str, Any]) -> None:
+    assert [(r["model"], r["path"]) for r in data["rows"]] == [("fxopt_demo", "symbolic_trace"), ("fxopt_demo", "dynamo")]
+    _fields("nodes", "seconds", "cpu_seconds", "all", "passes")(data)
+    assert all({"cse", "inplace", "plan_memory"} <= set(r["passes"]) for r in data["rows"])
+    assert data["summary"]["timed"] == 2 and {"worst", "median_s", "over_1s"} <= set(data["summary"])
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
     "optimize_scale": ([], _optimize_scale),
+    "optimize_time": ([], _optimize_time),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
