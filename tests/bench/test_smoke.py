@@ -142,10 +142,22 @@ def _optimize_time(data: dict[str, Any]) -> None:
     assert data["summary"]["timed"] == 2 and {"worst", "median_s", "over_1s"} <= set(data["summary"])
 
 
+def _startup(data: dict[str, Any]) -> None:
+    rows = {r["measure"]: r for r in data["rows"]}
+    assert list(rows) == ["import torch", "import fxopt after torch", "get_pass_class('dce')",
+                          "PassManager(DEFAULT_PIPELINE), not run", "registered_passes() (all modules)",
+                          "torch._inductor imported"]
+    for name, row in rows.items():
+        fields = ("seen",) if name.endswith("imported") else ("wall_ms_min", "wall_ms_median", "cpu_ms_median")
+        assert all(f in row for f in fields), row
+    assert isinstance(data["meta"]["fxopt_bytecode_cached"], bool)
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
     "optimize_scale": ([], _optimize_scale),
     "optimize_time": ([], _optimize_time),
+    "startup": ([], _startup),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
