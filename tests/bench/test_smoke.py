@@ -153,11 +153,20 @@ def _startup(data: dict[str, Any]) -> None:
     assert isinstance(data["meta"]["fxopt_bytecode_cached"], bool)
 
 
+def _rewrite_scaling(data: dict[str, Any]) -> None:
+    assert [r["kind"] for r in data["rows"]] == ["chain", "ladder"]
+    _fields("nodes", "rewrites", "fxopt_s", "hand_s", "rules50_s", "fxopt_vs_hand", "rules50_vs_one",
+            "replace_pattern_s")(data)
+    for row in data["rows"]:  # within the smoke's cap, replace_pattern finishes and rewrites alike
+        assert row["replace_pattern_capped"] is False and row["replace_pattern_rewrites"] == row["rewrites"], row
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
     "optimize_scale": ([], _optimize_scale),
     "optimize_time": ([], _optimize_time),
     "startup": ([], _startup),
+    "rewrite_scaling": ([], _rewrite_scaling),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
