@@ -161,12 +161,21 @@ def _rewrite_scaling(data: dict[str, Any]) -> None:
         assert row["replace_pattern_capped"] is False and row["replace_pattern_rewrites"] == row["rewrites"], row
 
 
+def _report(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert row["model"] == "stack_42" and row["js_errors"] == [], row
+    assert row["diffs"] == len(row["passes"]) == len(row["diff_truth"]) and row["search_hits"], row
+    _fields("optimize_s", "write_s", "write_cpu_s", "size_MB", "load_s", "search_ms", "nodes_drawn", "diffs_drawn")(data)
+    assert data["meta"]["chromium"] and data["meta"]["renderer"]
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
     "optimize_scale": ([], _optimize_scale),
     "optimize_time": ([], _optimize_time),
     "startup": ([], _startup),
     "rewrite_scaling": ([], _rewrite_scaling),
+    "report": ([], _report),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
