@@ -169,6 +169,15 @@ def _report(data: dict[str, Any]) -> None:
     assert data["meta"]["chromium"] and data["meta"]["renderer"]
 
 
+def _varlen_training(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]  # eager alone: compiling a training step takes a minute on a CPU
+    assert row["variant"] == "eager" and row["graphs"] == 0 and len(row["losses"]) == 9, row
+    lengths = data["meta"]["lengths"]
+    assert lengths == [16, 48, 32]
+    _fields(*(f"ms_{n}" for n in lengths), *(f"warmup_s_{n}" for n in lengths), "variant_s")(data)
+    assert data["speedup"] == {} and data["meta"]["workload"] == "bert_base_mlm"
+
+
 SMOKES.update({
     "frozen_check_cost": ([], _frozen_check_cost),
     "optimize_scale": ([], _optimize_scale),
@@ -176,6 +185,7 @@ SMOKES.update({
     "startup": ([], _startup),
     "rewrite_scaling": ([], _rewrite_scaling),
     "report": ([], _report),
+    "varlen_training": ([], _varlen_training),
 })
 
 @pytest.mark.parametrize("name", list(SMOKES))
