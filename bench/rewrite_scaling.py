@@ -6,9 +6,8 @@ Graphs of 4k and 20k nodes (``--sizes`` for others), two shapes: a *chain*
 anchored at ReLU too, against the one rule) run on fresh copies of the same graph in
 alternating rounds (the harness's ``alternate``), and every result is checked to compute
 the same function. ``replace_pattern`` is quadratic (one graph walk per match in its cycle
-check), so it runs once in a process of its own (the harness's ``fresh_process``: this
-script with ``--replace-pattern KIND NODES``), which stops it after ``--cap`` CPU seconds
-(``--cap 0``: not run); an over-cap run is reported as a lower bound, the cap. Times are CPU
+check), so it runs once, on a graph of its own, stopped after ``--cap`` CPU seconds (``--cap
+0``: not run); an over-cap run is reported as a lower bound, the cap. Times are CPU
 seconds of the process (the harness's ``clocked``, best of ``--rounds``), so a busy shared
 machine inflates them less; each includes ``gm.recompile()``. One row per shape and size.
 
@@ -18,23 +17,19 @@ machine inflates them less; each includes ``gm.recompile()``. One row per shape 
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import operator
 import signal
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fxopt.patterns as fp
 import torch
 import torch.fx as fx
-from harness import Record, alternate, cli, clocked, fresh_process, markdown_table
+from harness import Record, alternate, cli, clocked, markdown_table
 
 import fxopt.compile.fused_ops  # noqa: F401 - torch.ops.fxopt.add_relu
-
-#: seconds a replace_pattern process may take beyond its cap: the interpreter, torch, the graph
-CHILD_START_S = 120.0
 
 
 def build(kind: str, nodes: int) -> fx.GraphModule:
@@ -92,34 +87,34 @@ class CapReached(Exception):
     """replace_pattern ran out of its CPU seconds."""
 
 
-def replace_pattern_child(kind: str, nodes: int, cap: float) -> dict[str, Any]:
-    """torch.fx's ``replace_pattern`` on a fresh graph, stopped after ``cap`` CPU seconds (a
-    profiling timer, the clock the figures are in)."""
-    gm = build(kind, nodes)
-
+@contextlib.contextmanager
+def cpu_cap(seconds: float) -> Iterator[None]:
+    """Raise :class:`CapReached` in the body once it has used ``seconds`` of this process's
+    CPU time (a profiling timer: the clock the figures are in)."""
     def stop(signum: int, frame: Any) -> None:
         raise CapReached
 
-    signal.signal(signal.SIGPROF, stop)
-    signal.setitimer(signal.ITIMER_PROF, cap)
+    previous = signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
-        run = clocked(lambda: len(fx.subgraph_rewriter.replace_pattern(gm, pattern, replacement)))
-    except CapReached:
-        return {"cpu_s": cap, "capped": True}
+        yield
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
-    return {"cpu_s": run.cpu_s, "rewrites": run.value, "capped": False}
+        signal.signal(signal.SIGPROF, previous)
 
 
 def replace_pattern_row(kind: str, nodes: int, cap: float) -> dict[str, Any]:
-    """``replace_pattern_*`` fields of a row: its CPU seconds (the cap when ``capped``) and rewrites."""
+    """torch.fx's ``replace_pattern`` on a fresh graph, stopped after ``cap`` CPU seconds (it
+    is quadratic): the ``replace_pattern_*`` fields of a row, its seconds the cap when capped."""
     if cap <= 0:
         return {}
-    result = fresh_process(__file__, ["--replace-pattern", kind, str(nodes), "--cap", str(cap)], cap + CHILD_START_S)
-    if "error" in result:
-        return {"replace_pattern_error": result["error"]}
-    return {"replace_pattern_s": result["cpu_s"], "replace_pattern_capped": result["capped"],
-            "replace_pattern_rewrites": result.get("rewrites")}
+    gm = build(kind, nodes)
+    try:
+        with cpu_cap(cap):
+            run = clocked(lambda: len(fx.subgraph_rewriter.replace_pattern(gm, pattern, replacement)))
+    except CapReached:  # the graph is left half rewritten: it was a copy of its own
+        return {"replace_pattern_s": cap, "replace_pattern_capped": True}
+    return {"replace_pattern_s": run.cpu_s, "replace_pattern_capped": False, "replace_pattern_rewrites": run.value}
 
 
 def rewrites(kind: str, nodes: int, rounds: int, many: list[fp.Rule]) -> dict[str, Any]:
@@ -184,7 +179,7 @@ def describe(row: dict[str, Any]) -> str:
               f"{row['replace_pattern_s'] / row['fxopt_s']:.0f}x faster"
               + (", capped)" if bound else f", matched {row['replace_pattern_rewrites']})"))
     else:
-        rp = f"replace_pattern {row.get('replace_pattern_error', 'not run')}"
+        rp = "replace_pattern not run"
     return (f"{row['kind']:7s} nodes={row['nodes']:6d} rewrites={row['rewrites']:6d} | fxopt {row['fxopt_s']:6.3f}s "
             f"hand {row['hand_s']:6.3f}s ({row['fxopt_vs_hand']:4.2f}x hand) | {rp} | 50 rules "
             f"{row['rules50_s']:6.3f}s ({row['rules50_vs_one']:4.2f}x one rule)")
@@ -195,14 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sizes", default="4000,20000")
     parser.add_argument("--cap", type=float, default=120.0, help="CPU seconds allowed to replace_pattern (0: not run)")
     parser.add_argument("--repeat", dest="rounds", type=int, help="the old name of --rounds")
-    parser.add_argument("--replace-pattern", nargs=2, metavar=("KIND", "NODES"),
-                        help="the child process: replace_pattern alone, its figures written to --out")
     args = parser.parse_args(argv)
-    if args.replace_pattern:
-        kind, nodes = args.replace_pattern
-        result = replace_pattern_child(kind, int(nodes), args.cap)
-        Path(args.out).write_text(json.dumps(result))
-        return result
     if args.smoke:
         args.sizes, args.cap, args.rounds = "400", 30.0, 1
     record = Record("rewrite_scaling", args, "cpu")
