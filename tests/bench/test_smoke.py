@@ -115,7 +115,6 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
 }
 
 
-
 def _frozen_check_cost(data: dict[str, Any]) -> None:
     assert [(r["model"], r["frozen_tensors"]) for r in data["rows"]] == [
         ("resnet50", 267), ("vit_b_16", 152), ("160 tensors", 160)]
@@ -187,6 +186,7 @@ SMOKES.update({
     "report": ([], _report),
     "varlen_training": ([], _varlen_training),
 })
+
 
 @pytest.mark.parametrize("name", list(SMOKES))
 def test_smoke(name, bench_script, tmp_path):
