@@ -155,12 +155,12 @@ def measure(name: str, browser: Browser, folder: Path) -> dict[str, Any]:
     gm = optimized.value
     written = clocked(lambda: write_report(gm, folder / f"{name}.html"))
     return {"model": name, "passes": passes, "nodes_captured": next(r for _, r in fxopt.report_of(gm).walk()).nodes_before,
-           "nodes_after": len(gm.graph.nodes), "optimize_s": optimized.wall_s, "write_s": written.wall_s,
-           "write_cpu_s": written.cpu_s, "size_MB": written.value.stat().st_size / 1e6,
-           **in_browser(browser, written.value, gm),
-           "unused_get_attr": sum(n.op == "get_attr" and not n.users for n in gm.graph.nodes),
-           "state_tensors": len(gm.state_dict()), "captured_state_tensors": len(model_state),
-           "diff_truth": [{"pass": p, "erased": erased, "created": created} for p, erased, created in diff_truth(gm)]}
+            "nodes_after": len(gm.graph.nodes), "optimize_s": optimized.wall_s, "write_s": written.wall_s,
+            "write_cpu_s": written.cpu_s, "size_MB": written.value.stat().st_size / 1e6,
+            **in_browser(browser, written.value, gm),
+            "unused_get_attr": sum(n.op == "get_attr" and not n.users for n in gm.graph.nodes),
+            "state_tensors": len(gm.state_dict()), "captured_state_tensors": len(model_state),
+            "diff_truth": [{"pass": p, "erased": erased, "created": created} for p, erased, created in diff_truth(gm)]}
 
 
 def describe(row: dict[str, Any]) -> str:
