@@ -12,27 +12,26 @@ GELU MLP; 12 nodes per block under ``symbolic_trace``), captured two ways:
   exported graph, with the process's peak resident memory above its level before the run
   set against the bytes of the model's parameters.
 
-Each size is ``--repeats`` runs in this process (min and median), as wall time and as the
-process's CPU time; on a shared, loaded machine the CPU time and the ratio to a same-run
-baseline are the steadier figures.
+Each size is ``--rounds`` runs in this process (min and median), as wall time and as the
+process's CPU time (the harness's ``clocked``); on a shared, loaded machine the CPU time and
+the ratio to a same-run baseline are the steadier figures. One row per capture and size.
 
     python bench/optimize_scale.py                               # 1k, 10k, 50k nodes
     python bench/optimize_scale.py --sizes 3000,12000 --repeats 3 --no-export
+    python bench/optimize_scale.py --smoke                       # 100 nodes, one run each (CI)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from harness import Clocked, Record, cli, clocked
 
 import fxopt
 from fxopt.context import PassContext
@@ -49,20 +48,14 @@ def model_of(nodes: int, d: int) -> tuple[nn.Module, tuple[torch.Tensor]]:
     return transformer_stack(blocks, d), (torch.randn(2, 8, d),)
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[tuple[float, float]], Any]:
-    """(wall, process CPU) seconds of each run, and the last result."""
-    times, out = [], None
-    for _ in range(repeats):
-        start, cpu = time.perf_counter(), time.process_time()
-        out = fn()
-        times.append((time.perf_counter() - start, time.process_time() - cpu))
-    return times, out
+def runs(fn: Callable[[], Any], repeats: int) -> list[Clocked]:
+    return [clocked(fn) for _ in range(repeats)]
 
 
-def summary(times: list[tuple[float, float]], nodes: int) -> dict[str, float]:
+def summary(times: list[Clocked], nodes: int) -> dict[str, float]:
     """Wall and CPU seconds (min and median); ms per node of the fastest wall time, and of
     the least CPU (the steadier figure on a shared machine)."""
-    wall, cpu = [w for w, _ in times], [c for _, c in times]
+    wall, cpu = [t.wall_s for t in times], [t.cpu_s for t in times]
     return {"min_s": round(min(wall), 3), "median_s": round(statistics.median(wall), 3),
             "cpu_min_s": round(min(cpu), 3), "ms_per_node": round(1e3 * min(wall) / nodes, 4),
             "cpu_ms_per_node": round(1e3 * min(cpu) / nodes, 4)}
@@ -70,7 +63,8 @@ def summary(times: list[tuple[float, float]], nodes: int) -> dict[str, float]:
 
 class PeakRss:
     """The process's peak resident memory above its level at the start, sampled every 5 ms
-    (the model's tensors are allocated outside Python's allocator: tracemalloc misses them)."""
+    (the model's tensors are allocated outside Python's allocator: tracemalloc misses them;
+    the harness's ``DeviceMemory`` counts a GPU's)."""
 
     def __init__(self) -> None:
         self.base = self.peak = _rss()
@@ -85,7 +79,7 @@ class PeakRss:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, _rss())
@@ -100,17 +94,13 @@ def symbolic(nodes: int, d: int, repeats: int) -> dict[str, Any]:
     model, inputs = model_of(nodes, d)
     gm = fx.symbolic_trace(model)
     n = len(gm.graph.nodes)
-    copy_times, _ = timed(lambda: copy_sharing_tensors(gm), repeats)
-
-    def validate() -> None:
-        check_example_inputs(gm, PassContext(gm, inputs, meta_values=True))
-
-    validate_times, _ = timed(validate, repeats)
-    total, out = timed(lambda: fxopt.optimize(gm, example_inputs=inputs), repeats)
-    passes = {r.name: round(1e3 * r.seconds / n, 4) for r in fxopt.report_of(out).records}
-    return {"capture": "symbolic_trace", "nodes": n, "default pipeline": summary(total, n),
-            "fixed: copy": summary(copy_times, n), "fixed: validate inputs + shapes": summary(validate_times, n),
-            "passes ms/node (last run)": passes}
+    copies = runs(lambda: copy_sharing_tensors(gm), repeats)
+    validations = runs(lambda: check_example_inputs(gm, PassContext(gm, inputs, meta_values=True)), repeats)
+    total = runs(lambda: fxopt.optimize(gm, example_inputs=inputs), repeats)
+    passes = {r.name: round(1e3 * r.seconds / n, 4) for r in fxopt.report_of(total[-1].value).records}
+    return {"capture": "symbolic_trace", "nodes": n, "default_pipeline": summary(total, n),
+            "fixed_copy": summary(copies, n), "fixed_validate_inputs_and_shapes": summary(validations, n),
+            "passes_ms_per_node_last_run": passes}
 
 
 def exported(nodes: int, d: int, repeats: int) -> dict[str, Any]:
@@ -124,37 +114,41 @@ def exported(nodes: int, d: int, repeats: int) -> dict[str, Any]:
         gm.recompile()
         return gm
 
-    base, _ = timed(baseline, repeats)
-    dce, _ = timed(lambda: fxopt.optimize(ep, passes=["dce"]), repeats)
+    base = runs(baseline, repeats)
+    dce = runs(lambda: fxopt.optimize(ep, passes=["dce"]), repeats)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with PeakRss() as rss:
-        default, _ = timed(lambda: fxopt.optimize(ep), 1)
+        default = runs(lambda: fxopt.optimize(ep), 1)
     return {"capture": "torch.export", "nodes": n,
-            "dce": summary(dce, n), "baseline: ep.module() + eliminate_dead_code": summary(base, n),
-            "dce / baseline (min wall)": round(min(w for w, _ in dce) / min(w for w, _ in base), 2),
-            "dce / baseline (min CPU)": round(min(c for _, c in dce) / min(c for _, c in base), 2),
-            "default pipeline": summary(default, n),
-            "model MB": round(model_bytes / 2**20, 1),
-            "peak RSS above start, MB": round((rss.peak - rss.base) / 2**20, 1)}
+            "dce": summary(dce, n), "baseline_module_and_eliminate_dead_code": summary(base, n),
+            "dce_vs_baseline_wall": round(min(t.wall_s for t in dce) / min(t.wall_s for t in base), 2),
+            "dce_vs_baseline_cpu": round(min(t.cpu_s for t in dce) / min(t.cpu_s for t in base), 2),
+            "default_pipeline": summary(default, n),
+            "model_MB": round(model_bytes / 2**20, 1),
+            "peak_rss_above_start_MB": round((rss.peak - rss.base) / 2**20, 1)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--sizes", default="1000,10000,50000", help="approximate node counts")
     parser.add_argument("--d", type=int, default=32, help="model width")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", dest="rounds", type=int, help="the old name of --rounds")
     parser.add_argument("--no-export", action="store_true", help="symbolic_trace graphs only")
     parser.add_argument("--no-symbolic", action="store_true", help="exported graphs only")
-    args = parser.parse_args()
-    results = []
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.d, args.rounds = "100", 8, 1
+    record = Record("optimize_scale", args, "cpu", threads=torch.get_num_threads())
+    captures = [c for c, off in ((symbolic, args.no_symbolic), (exported, args.no_export)) if not off]
     for size in (int(s) for s in args.sizes.split(",")):
-        if not args.no_symbolic:
-            results.append(symbolic(size, args.d, args.repeats))
-            print(json.dumps(results[-1]), flush=True)
-        if not args.no_export:
-            results.append(exported(size, args.d, args.repeats))
-            print(json.dumps(results[-1]), flush=True)
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results}, indent=1))
+        for capture in captures:
+            row = record.add(capture(size, args.d, args.rounds))
+            print(f"{row['capture']:14s} {row['nodes']:6d} nodes: default pipeline "
+                  f"{row['default_pipeline']['cpu_ms_per_node']:.4f} ms/node CPU "
+                  f"({row['default_pipeline']['ms_per_node']:.4f} wall)"
+                  + (f"; dce {row['dce_vs_baseline_cpu']:.2f}x the baseline (CPU)" if "dce" in row else ""),
+                  flush=True)
+    return record.data
 
 
 if __name__ == "__main__":

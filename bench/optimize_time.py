@@ -1,133 +1,100 @@
-"""Time of ``fxopt.optimize`` with the full pass list on the real-model sweep, and the
-first ``optimize`` of a process.
+"""Time of ``fxopt.optimize`` with the full pass list on the real-model sweep.
 
 For each model of ``bench/real_models.py`` (random weights, small inputs) and capture
-path, eval mode: the seconds ``fxopt.optimize(gm, FULL, example_inputs)`` takes, best of
-``--repeat`` fresh copies of the captured graph, in a process that has already run one
-optimize (the first one of a process is timed separately, in fresh interpreters: the
-demo model through the same pass list, imports included). Wall seconds
-(``time.perf_counter``) and the process's CPU seconds (``time.process_time``: steadier on
-a shared machine; above the wall time where torch's kernels use both cores); take the
-best of several runs and record the load.
+path, eval mode: the seconds ``fxopt.optimize(gm, FULL, example_inputs)`` takes (the full
+pass list of ``bench/pass_growth.py``), best of ``--repeat`` fresh copies of the captured
+graph, in a process that has already run one optimize: the first ``optimize`` of a process
+is ``bench/startup.py``'s ``first-optimize`` probe, in fresh interpreters. Wall seconds and
+the CPU seconds of the process (the harness's ``clocked``: steadier on a shared machine;
+above the wall time where torch's kernels use both cores); take the best of several runs
+and record the load. One row per model and path; a capture torch refuses is a row saying why.
 
     python bench/optimize_time.py [--models convnext_tiny,densenet121] [--paths export]
-                                  [--repeat 3] [--first 5] [--json out.json]
+                                  [--repeat 3] [--out out.json]   # bench/results/cpu/optimize_time.json
+    python bench/optimize_time.py --smoke                          # fxopt's demo net, two paths (CI)
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
+import functools
 import os
-import subprocess
-import sys
-import time
+import statistics
 import warnings
-from pathlib import Path
+from typing import Any
 
+import real_models
 import torch
+from harness import Record, cli, clocked
+from pass_growth import FULL
 
 import fxopt
 from fxopt.models import demo_model
 
-sys.path.insert(0, str(Path(__file__).parent))
-import real_models  # noqa: E402
 
-FULL = ["constant_fold", "cse", "dce", "eliminate_identity", "fold_conv_bn", "fuse_conv_bn_relu",
-        "fuse_add_relu", "fuse_linear_relu", "inplace", "plan_memory"]
-
-FIRST = f"""
-import time
-t0 = time.perf_counter()
-import torch
-t1 = time.perf_counter()
-import fxopt
-from fxopt.models import demo_model
-from fxopt.models import demo_model
-model, inputs = demo_model()
-gm = torch.fx.symbolic_trace(model)
-t2 = time.perf_counter()
-fxopt.optimize(gm, {FULL!r}, example_inputs=inputs)
-t3 = time.perf_counter()
-print(t1 - t0, t2 - t1, t3 - t2)
-"""
-
-
-def first_optimize(repeat: int) -> list[tuple[float, float, float]]:
-    """(import torch, import fxopt + demo model, first optimize) seconds, per fresh process."""
-    runs = []
-    for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", FIRST], capture_output=True, text=True, check=True)
-        runs.append(tuple(float(x) for x in out.stdout.split()))
-    return runs
-
-
-def time_model(name: str, path: str, repeat: int) -> dict:
+def time_model(name: str, path: str, repeat: int) -> dict[str, Any]:
+    """One model on one capture path: the best of ``repeat`` optimizes of fresh copies, and
+    the passes' seconds in the fastest run."""
     model, inputs = real_models.MODELS[name]()
     model.eval()
-    record: dict = {"model": name, "path": path}
+    row: dict[str, Any] = {"model": name, "path": path}
     try:
         gm, call_inputs = real_models.capture(path, copy.deepcopy(model), inputs)
     except Exception as exc:  # torch's capture failed: not timed
-        record["capture"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-        return record
-    times, cpu, passes = [], [], None
-    for _ in range(repeat):
-        g = copy.deepcopy(gm)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        out = fxopt.optimize(g, FULL, example_inputs=call_inputs)
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-        if passes is None or times[-1] == min(times):
-            passes = {r.name: round(r.seconds, 4) for r in fxopt.report_of(out).records}
-    record.update(nodes=len(gm.graph.nodes), seconds=min(times), cpu_seconds=min(cpu),
-                  all=[round(t, 4) for t in times], passes=passes)
-    return record
+        row["capture"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        return row
+    runs = [clocked(functools.partial(fxopt.optimize, copy.deepcopy(gm), FULL, example_inputs=call_inputs))
+            for _ in range(repeat)]
+    fastest = min(runs, key=lambda r: r.wall_s)
+    row.update(nodes=len(gm.graph.nodes), seconds=fastest.wall_s, cpu_seconds=min(r.cpu_s for r in runs),
+               all=[round(r.wall_s, 4) for r in runs],
+               passes={r.name: round(r.seconds, 4) for r in fxopt.report_of(fastest.value).records})
+    return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(real_models.MODELS))
-    parser.add_argument("--paths", default=",".join(real_models.PATHS))
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--first", type=int, default=5, help="fresh processes for the first optimize")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    print(f"# {os.uname().nodename}, {os.cpu_count()} CPUs, load {os.getloadavg()}, torch {torch.__version__}")
-    result: dict = {"torch": torch.__version__, "load_before": os.getloadavg()}
-    if args.first:
-        runs = first_optimize(args.first)
-        result["first"] = runs
-        best = min(runs, key=lambda r: r[2])
-        print(f"first optimize of a process (demo model, full list), best of {args.first}: "
-              f"{best[2]:.3f} s (import torch {best[0]:.2f} s, import fxopt + model {best[1]:.2f} s); "
-              f"all: {', '.join(f'{r[2]:.2f}' for r in runs)}", flush=True)
-    with real_models._tolerant_torchvision_import():
-        import torchvision  # noqa: F401 - timm and transformers import it lazily
-    model, inputs = demo_model()
-    fxopt.optimize(torch.fx.symbolic_trace(model), FULL, example_inputs=inputs)  # the first one
-    records = []
-    for name in args.models.split(","):
-        for path in args.paths.split(","):
-            r = time_model(name, path, args.repeat)
-            records.append(r)
-            if "capture" in r:
-                print(f"{name:28s} {path:15s} capture failed: {r['capture'][:70]}", flush=True)
-                continue
-            slow = sorted(r["passes"].items(), key=lambda kv: -kv[1])[:3]
-            print(f"{name:28s} {path:15s} nodes={r['nodes']:5d} {r['seconds']:6.3f} s "
-                  f"(CPU {r['cpu_seconds']:6.3f} s) "
-                  f"{'OVER 1 s ' if r['seconds'] > 1 else ''}| slowest: "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in slow), flush=True)
-    timed = [r for r in records if "seconds" in r]
+def describe(row: dict[str, Any]) -> str:
+    if "capture" in row:
+        return f"{row['model']:28s} {row['path']:15s} capture failed: {row['capture'][:70]}"
+    slow = sorted(row["passes"].items(), key=lambda kv: -kv[1])[:3]
+    return (f"{row['model']:28s} {row['path']:15s} nodes={row['nodes']:5d} {row['seconds']:6.3f} s "
+            f"(CPU {row['cpu_seconds']:6.3f} s) {'OVER 1 s ' if row['seconds'] > 1 else ''}| slowest: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in slow))
+
+
+def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worst run, the median and how many took over a second."""
+    timed = [r for r in rows if "seconds" in r]
+    if not timed:
+        return {"timed": 0}
     worst = max(timed, key=lambda r: r["seconds"])
-    print(f"worst: {worst['model']} {worst['path']} {worst['seconds']:.3f} s; over 1 s: "
-          f"{sum(r['seconds'] > 1 for r in timed)} of {len(timed)}; load after {os.getloadavg()}")
-    result.update(records=records, load_after=os.getloadavg())
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    return {"worst": [worst["model"], worst["path"], worst["seconds"]], "timed": len(timed),
+            "median_s": statistics.median(r["seconds"] for r in timed),
+            "over_1s": sum(r["seconds"] > 1 for r in timed)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(m for m in real_models.MODELS if m != "fxopt_demo"))
+    parser.add_argument("--paths", default=",".join(real_models.PATHS))
+    parser.add_argument("--repeat", dest="rounds", type=int, help="the old name of --rounds")
+    parser.add_argument("--json", dest="out", help="the old name of --out")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(real_models.SMOKE, rounds=1)
+    record = Record("optimize_time", args, "cpu", load_before=os.getloadavg())
+    print(f"# {os.uname().nodename}, {record.meta['cores']} cores, load {os.getloadavg()}, torch {torch.__version__}")
+    real_models.preload_torchvision()
+    model, inputs = demo_model()
+    fxopt.optimize(torch.fx.symbolic_trace(model), FULL, example_inputs=inputs)  # the first one, not timed
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        for name in args.models.split(","):
+            for path in args.paths.split(","):
+                print(describe(record.add(time_model(name, path, args.rounds))), flush=True)
+    record.extra.update(summary=sweep_summary(record.rows), load_after=os.getloadavg())
+    record.save()
+    print(f"summary: {record.extra['summary']}; load after {record.extra['load_after']}")
+    return record.data
 
 
 if __name__ == "__main__":

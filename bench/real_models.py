@@ -298,11 +298,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return record.data
 
 
-def sweep(args: Any, record: Record) -> None:
-    """Every (model, path, pipeline, mode) run, each a row of ``record``."""
-    if importlib.util.find_spec("torchvision"):  # timm and transformers import it lazily
+def preload_torchvision() -> None:
+    """Import torchvision where it is installed, before timm and transformers import it
+    lazily, past the C extension a CPU torch cannot load (see the module's docstring)."""
+    if importlib.util.find_spec("torchvision"):
         with _tolerant_torchvision_import():
             import torchvision  # noqa: F401
+
+
+def sweep(args: Any, record: Record) -> None:
+    """Every (model, path, pipeline, mode) run, each a row of ``record``."""
+    preload_torchvision()
     runs = [(m, p, q, t) for m in args.models.split(",") for p in args.paths.split(",")
             for q in args.pipelines.split(",") for t in ((False, True) if args.train else (False,))]
     for m, p, q, t in tqdm(runs, desc="real models", file=sys.stderr):

@@ -6,36 +6,42 @@ initialized ``BertConfig()`` with ``attn_implementation="sdpa"`` where ``transfo
 installed, else :class:`Encoder`, plain torch modules of the same shape), batch 8, with a
 padding mask (each sequence keeps a random 50-100% of its tokens), called at lengths 128,
 384, 256 in that order, each its real size. Each length runs three steps before timing
-(compile, recompile with a symbolic length, CUDA-graph recording); then each length is
-timed over interleaved rounds (median of ``--steps`` synchronized steps per round).
+(compile, recompile with a symbolic length, CUDA-graph recording; each timed on the harness's
+``wall_ms``); then the lengths are timed over interleaved rounds (the harness's
+``alternate``: per round and length, ``loop_ms`` of ``--steps`` steps back to back).
 
 Attention dropout is 0 by default (``--attention-dropout``; the rest of BERT's dropout stays
 0.1): fxopt's ``defer_sdpa_choice`` leaves an SDPA call with dropout to the compiler, since
 its op's backward recomputes the forward and could not draw the same dropout mask again.
 Run with ``--attention-dropout 0.1`` to measure BERT's own configuration.
 
-Variants: fxopt (default options) and every Inductor mode (default, reduce-overhead,
-max-autotune-no-cudagraphs, max-autotune), each compiled afresh after
-``torch._dynamo.reset()`` on a fresh copy of the same initial weights, through Dynamo's
-automatic dynamic shapes (``dynamic=None``, what users get) or ``--dynamic true``. Per length:
-ms per step, fxopt against the best Inductor mode; per variant: peak reserved memory, the
-losses of the warm-up steps, and for fxopt how many training graphs call
-``torch.ops.fxopt.sdpa`` and what fell back.
+Variants: fxopt (default options) and every Inductor mode a training step can use: the
+harness's ``INDUCTOR_MODES`` without freezing (default, ``reduce_overhead``; Inductor
+freezes inference graphs only, so with grad on the freezing modes are these two again) and
+the max-autotune modes (``max_autotune_no_cudagraphs``, ``max_autotune``), each compiled
+afresh after ``torch._dynamo.reset()`` on a fresh copy of the same initial weights, through
+Dynamo's automatic dynamic shapes (``dynamic=None``, what users get) or ``--dynamic true``;
+on request ``eager`` (the step uncompiled) and ``fxopt_sdpa_training`` (fxopt with
+``sdpa_in_training=True``, the lever that default leaves off). One row per variant: ms per step at each length, peak reserved and allocated memory from
+before the weights are copied (the harness's ``DeviceMemory``), the losses of the warm-up
+steps, and for fxopt how many training graphs call ``torch.ops.fxopt.sdpa`` and what fell
+back; per length, fxopt against the best Inductor mode (``speedup``).
 
     python bench/varlen_training.py --out $OUT/varlen_training.json
-    python bench/varlen_training.py --variants fxopt,inductor,inductor-ro --out $OUT/vt.json
-    python bench/varlen_training.py --smoke            # CPU, tiny encoder: checks the logic
+    python bench/varlen_training.py --variants fxopt,inductor,reduce_overhead --out $OUT/vt.json
+    python bench/varlen_training.py --smoke            # CPU, tiny encoder, eager: checks the logic (CI)
+    python bench/varlen_training.py --smoke --variants fxopt,inductor   # the compiled path too (a minute)
 
-The JSON is rewritten after every variant; a variant that fails is a row saying why, and one
+The record is rewritten after every variant; a variant that fails is a row saying why, and one
 that would end past ``--budget-s`` is skipped (run the rest in another command).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
-import json
-import os
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -44,13 +50,35 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from harness import (
+    INDUCTOR_MODES,
+    DeviceMemory,
+    Record,
+    alternate,
+    cli,
+    inductor_variant,
+    loop_ms,
+    markdown_table,
+    median,
+    observed_inductor,
+    wall_ms,
+)
 
-VARIANTS = ("fxopt", "fxopt-torch-attention", "inductor", "inductor-ro", "inductor-max-autotune-no-cudagraphs", "inductor-max-autotune")
-MODES = {"inductor": None, "inductor-ro": "reduce-overhead",
-         "inductor-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs", "inductor-max-autotune": "max-autotune"}
+import fxopt
+
+#: torch.compile's max-autotune modes, by variant name
+AUTOTUNE = {"max_autotune_no_cudagraphs": "max-autotune-no-cudagraphs", "max_autotune": "max-autotune"}
+#: the Inductor modes of a training step: freezing only changes inference graphs
+MODES = (*(m for m in INDUCTOR_MODES if "freezing" not in m), *AUTOTUNE)
+#: the default variants; on request, ``eager`` (the step uncompiled; alone under --smoke) and
+#: ``fxopt_sdpa_training`` (``sdpa_in_training=True``: fxopt.sdpa in the training graphs)
+VARIANTS = ("fxopt", *MODES)
+EXTRA = ("eager", "fxopt_sdpa_training")
 #: BERT-base: hidden size, heads, MLP width, layers, vocabulary, positions
 BERT_BASE = {"d": 768, "heads": 12, "ff": 3072, "layers": 12, "vocab": 30522, "positions": 512}
 TINY = {"d": 32, "heads": 2, "ff": 64, "layers": 1, "vocab": 100, "positions": 512}
+#: steps per length before timing: compile, recompile with a symbolic length, CUDA-graph recording
+WARMUP_STEPS = 3
 
 
 class EncoderLayer(nn.Module):
@@ -145,15 +173,18 @@ def make_step(model: nn.Module) -> Callable:
     return step
 
 
-def compiled(variant: str, step: Callable, reports: list, dynamic: bool | None) -> Callable:
-    if variant in ("fxopt", "fxopt-torch-attention"):  # the second: training graphs keep torch's SDPA
-        import fxopt
-
-        options = {"reports": reports, "sdpa_in_training": variant == "fxopt"}
-        return fxopt.compile(step, options=options, dynamic=dynamic)
-    if variant not in MODES:
-        raise SystemExit(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
-    return torch.compile(step, mode=MODES[variant], dynamic=dynamic)
+def compiled(variant: str, step: Callable, stats: dict[str, Any], dynamic: bool | None
+             ) -> tuple[Callable, Callable[[], contextlib.AbstractContextManager]]:
+    """``step`` compiled as ``variant``, and the context its calls run in; what it compiles
+    goes to ``stats`` (``graphs``: Inductor's, ``reports``: fxopt's)."""
+    if variant == "eager":
+        return step, contextlib.nullcontext
+    if variant in ("fxopt", "fxopt_sdpa_training"):
+        options = {"reports": stats.setdefault("reports", []), "sdpa_in_training": variant == "fxopt_sdpa_training"}
+        return fxopt.compile(step, options=options, dynamic=dynamic), contextlib.nullcontext
+    if variant in AUTOTUNE:
+        return observed_inductor(step, stats, dynamic, mode=AUTOTUNE[variant])
+    return inductor_variant(variant, step, stats, dynamic)
 
 
 def batch(length: int, vocab: int, args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
@@ -164,9 +195,22 @@ def batch(length: int, vocab: int, args: argparse.Namespace) -> tuple[torch.Tens
     return ids, keep, torch.randint(0, vocab, (args.batch, length), device=args.device)
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def warm_up(fn: Callable, inputs: tuple[torch.Tensor, ...], device: str) -> tuple[list[float], list[float]]:
+    """Seconds and losses of the first steps at one length (``.item()``: reduce-overhead
+    overwrites its output at the next step)."""
+    losses: list[float] = []
+    seconds = [wall_ms(lambda: losses.append(fn(*inputs).item()), device, reps=1, warmup=0) / 1e3
+               for _ in range(WARMUP_STEPS)]
+    return seconds, losses
+
+
+def fxopt_graphs(reports: list) -> dict[str, Any]:
+    """What fxopt's backend did with the training graphs: SDPA's run-time choice, fallbacks."""
+    training = [r for r in reports if r.training]
+    return {"training_graphs": len(training),
+            "training_graphs_with_fxopt_sdpa": sum("torch.ops.fxopt.sdpa.default" in r.code for r in training),
+            "fallbacks": [r.fallback for r in reports if r.fallback],
+            "no_replay": [r.no_replay for r in reports if r.no_replay]}
 
 
 def train_one(variant: str, base: nn.Module, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -174,75 +218,74 @@ def train_one(variant: str, base: nn.Module, vocab: int, args: argparse.Namespac
     torch._dynamo.reset()
     if args.device == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    memory = DeviceMemory(args.device).start()
     model = copy.deepcopy(base)
-    reports: list = []
-    fn = compiled(variant, make_step(model), reports, args.dynamic)
-    entry: dict[str, Any] = {"losses": []}
+    stats: dict[str, Any] = {}
+    fn, context = compiled(variant, make_step(model), stats, args.dynamic)
     batches = {length: batch(length, vocab, args) for length in args.lengths}
-    for length in args.lengths:  # compile, recompile with a symbolic length, record CUDA graphs
-        for _ in range(3):
-            sync(args.device)
-            began = time.perf_counter()
-            entry["losses"].append(fn(*batches[length]).item())  # .item(): RO overwrites its output
-            entry.setdefault(f"warmup_s_{length}", []).append(time.perf_counter() - began)
-    samples: dict[int, list[float]] = {length: [] for length in args.lengths}
-    for _ in range(args.rounds):
+    row: dict[str, Any] = {"variant": variant, "losses": []}
+    with context():
         for length in args.lengths:
-            sync(args.device)
-            began = time.perf_counter()
-            for _ in range(args.steps):
-                fn(*batches[length])
-            sync(args.device)
-            samples[length].append((time.perf_counter() - began) / args.steps * 1e3)
+            row[f"warmup_s_{length}"], losses = warm_up(fn, batches[length], args.device)
+            row["losses"] += losses
+        samples = alternate({length: functools.partial(fn, *batches[length]) for length in args.lengths},
+                            args.rounds, lambda call: loop_ms(call, args.device, iters=args.steps, reps=1, warmup=0))
+    row.update(memory.stop())
     for length in args.lengths:
-        entry[f"ms_{length}"] = statistics.median(samples[length])
-        entry[f"ms_{length}_samples"] = samples[length]
-    if args.device == "cuda":
-        entry["peak_reserved_MB"] = torch.cuda.max_memory_reserved() / 1e6
+        row[f"ms_{length}"] = median(samples[length])
+        row[f"ms_{length}_samples"] = samples[length]
+    row["graphs"] = len(stats.get("graphs", stats.get("reports", [])))  # recompiles included
     if variant == "fxopt":
-        training = [r for r in reports if r.training]
-        entry["training_graphs"] = len(training)
-        entry["training_graphs_with_fxopt_sdpa"] = sum("torch.ops.fxopt.sdpa.default" in r.code for r in training)
-        entry["fallbacks"] = [r.fallback for r in reports if r.fallback]
-        entry["no_replay"] = [r.no_replay for r in reports if r.no_replay]
-    return entry
+        row.update(fxopt_graphs(stats["reports"]))
+    return row
 
 
-def summarize(row: dict[str, Any], lengths: list[int]) -> None:
+def speedups(rows: list[dict[str, Any]], lengths: list[int]) -> dict[str, dict[str, Any]]:
     """fxopt against the best Inductor mode that ran, per length."""
+    by_variant = {r["variant"]: r for r in rows}
+    out = {}
     for length in lengths:
-        modes = {v: row[v][f"ms_{length}"] for v in MODES if f"ms_{length}" in row.get(v, {})}
-        if modes and f"ms_{length}" in row.get("fxopt", {}):
+        key = f"ms_{length}"
+        modes = {v: by_variant[v][key] for v in MODES if key in by_variant.get(v, {})}
+        if modes and key in by_variant.get("fxopt", {}):
             best = min(modes, key=modes.get)
-            row[f"best_inductor_{length}"] = best
-            row[f"speedup_{length}"] = modes[best] / row["fxopt"][f"ms_{length}"]
+            out[str(length)] = {"best_inductor": best, "speedup": modes[best] / by_variant["fxopt"][key],
+                                "modes_measured": sorted(modes)}
+    return out
 
 
-def table(row: dict[str, Any], lengths: list[int]) -> str:
-    lines = ["| variant | " + " | ".join(f"ms at {n}" for n in lengths) + " | peak reserved MB |",
-             "|---|" + "---|" * (len(lengths) + 1)]
-    for variant in VARIANTS:
-        entry = row.get(variant)
-        if entry is None:
-            continue
-        if "error" in entry:
-            lines.append(f"| {variant} | {entry['error'][:120]} |")
-            continue
-        times = " | ".join(f"{entry[f'ms_{n}']:.2f}" for n in lengths)
-        lines.append(f"| {variant} | {times} | {entry.get('peak_reserved_MB', float('nan')):.0f} |")
-    ratios = [f"{n}: {row[f'speedup_{n}']:.3f}x vs {row[f'best_inductor_{n}']}" for n in lengths
-              if f"speedup_{n}" in row]
-    return "\n".join(lines) + ("\n\nfxopt against the best Inductor mode: " + ", ".join(ratios) if ratios else "")
+def run_variants(variants: list[str], model: nn.Module, vocab: int, args: argparse.Namespace,
+                 record: Record) -> None:
+    """Each variant a row of ``record`` (saved after each), skipped when it would end past
+    ``--budget-s`` by the mean variant so far."""
+    durations: list[float] = []
+    for variant in variants:
+        began = time.perf_counter()
+        expected = statistics.mean(durations) if durations else 0.0
+        spent = began - record.started
+        if spent + expected > args.budget_s:
+            row = {"variant": variant, "error": f"skipped: {spent:.0f}s spent, a variant takes ~{expected:.0f}s, "
+                                                f"budget {args.budget_s:.0f}s"}
+        else:
+            try:
+                row = train_one(variant, model, vocab, args)
+            except Exception as exc:  # one broken variant must not lose the other numbers
+                row = {"variant": variant, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            durations.append(time.perf_counter() - began)
+            row["variant_s"] = durations[-1]
+        record.rows.append(row)
+        record.extra["speedup"] = speedups(record.rows, args.lengths)
+        record.save()
+        print(f"{variant}: {row.get('error') or {k: row[k] for k in row if k.startswith('ms_') and 'samples' not in k}}",
+              flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__.split("\n\n")[0], rounds=5)
     parser.add_argument("--lengths", default=None, help="sequence lengths, in order (default 128,384,256)")
     parser.add_argument("--batch", type=int, default=None, help="default 8 (2 with --smoke)")
-    parser.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)} "
-                                                         "(default all; fxopt,inductor with --smoke)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)} and eager "
+                                                         "(default all but eager; eager with --smoke)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
     parser.add_argument("--dynamic", choices=("auto", "true"), default="auto",
                         help="auto: Dynamo's automatic dynamic shapes (dynamic=None); true: dynamic=True")
@@ -250,48 +293,31 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip a variant when it would end past this many seconds, by the mean variant so far "
                              "(default 270; none with --smoke)")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny encoder: check the script's logic")
-    parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "varlen_training.json")
-                        if os.environ.get("OUT") else None)
-    args = parser.parse_args()
-    args.device = "cpu" if args.smoke else "cuda"
+    args = parser.parse_args(argv)
+    args.device = cli.device_for(args)
     args.lengths = [int(n) for n in (args.lengths or ("16,48,32" if args.smoke else "128,384,256")).split(",")]
     args.batch = args.batch or (2 if args.smoke else 8)
     if args.budget_s is None:
         args.budget_s = float("inf") if args.smoke else 270.0
     if args.smoke:
         args.rounds, args.steps = min(args.rounds, 2), min(args.steps, 2)
-    variants = (args.variants or ("fxopt,inductor" if args.smoke else ",".join(VARIANTS))).split(",")
+    variants = (args.variants or ("eager" if args.smoke else ",".join(VARIANTS))).split(",")
+    unknown = [v for v in variants if v not in (*VARIANTS, *EXTRA)]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join((*VARIANTS, *EXTRA))}")
     args.dynamic = None if args.dynamic == "auto" else True
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model, vocab, what = build(args.smoke, args.attention_dropout)
     model = model.to(args.device, torch.float32 if args.smoke else torch.bfloat16)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "model": what, "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}}
-    started = time.perf_counter()
-    row: dict[str, Any] = {"model": "bert_base_mlm", "batch": args.batch, "lengths": args.lengths}
-    durations: list[float] = []
-    for variant in variants:
-        began = time.perf_counter()
-        expected = statistics.mean(durations) if durations else 0.0
-        if began - started + expected > args.budget_s:
-            row[variant] = {"error": f"skipped: {began - started:.0f}s spent, a variant takes ~{expected:.0f}s, "
-                                     f"budget {args.budget_s:.0f}s"}
-        else:
-            try:
-                row[variant] = train_one(variant, model, vocab, args)
-            except Exception as exc:  # one broken variant must not lose the other numbers
-                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-            durations.append(time.perf_counter() - began)
-            row[variant]["variant_s"] = durations[-1]
-        print(f"{variant}: {json.dumps(row[variant])}", flush=True)
-        summarize(row, args.lengths)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "row": row, "elapsed_s": time.perf_counter() - started}, f, indent=1)
-    print(f"\n{meta}  total {time.perf_counter() - started:.0f}s\n")
-    print(table(row, args.lengths))
+    record = Record("varlen_training", args, args.device, model=what, workload="bert_base_mlm", lengths=args.lengths)
+    run_variants(variants, model, vocab, args, record)
+    print(f"\n{record.meta['device']}, torch {record.meta['torch']}, {what}; total {record.data['elapsed_s']:.0f}s\n")
+    print(markdown_table(record.rows, ["variant", *(f"ms_{n}" for n in args.lengths), "peak_reserved_MB", "error"], digits=2))
+    ratios = [f"{n}: {s['speedup']:.3f}x vs {s['best_inductor']}" for n, s in record.extra["speedup"].items()]
+    if ratios:
+        print("\nfxopt against the best Inductor mode: " + ", ".join(ratios))
+    return record.data
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ re-implement lives here, so two benches time, compare and record the same way:
   ``loop_ms`` (calls back to back, launch cost included; ``host=True``: the CPU's cost of
   issuing them), ``wall_ms`` (a synchronized call, host and device), ``host_ms`` (the CPU's
   cost of one call on an idle GPU), ``alternate`` (interleaved rounds, ``reverse_odd`` to
-  alternate the order too, so that a drift of the machine hits every variant alike) and
-  ``fresh_process`` (one variant in a process of its own, its result read back as JSON).
+  alternate the order too, so that a drift of the machine hits every variant alike),
+  ``fresh_process`` (one variant in a process of its own, its result read back as JSON) and
+  ``clocked`` (wall and CPU seconds of one host-side run: optimize, rewrites, a report).
 - :mod:`harness.baselines` — every Inductor mode a user could pick (``INDUCTOR_MODES``:
   default, +freezing, reduce-overhead, reduce-overhead+freezing) through ``inductor_variant``
   (``observed_inductor`` for another mode or option set), each recording per compiled graph
@@ -74,8 +75,10 @@ from harness.env import cpu_threads, environment, slug
 from harness.memory import DeviceMemory
 from harness.records import Record, markdown_table, results_dir
 from harness.timing import (
+    Clocked,
     alternate,
     call_ms,
+    clocked,
     fresh_process,
     host_ms,
     loop_ms,
@@ -84,7 +87,7 @@ from harness.timing import (
     wall_ms,
 )
 
-__all__ = ["INDUCTOR_MODES", "MUST_FREEZE", "SELF_GRAPHED", "DeviceMemory", "Record", "alternate", "call_ms", "cli",
-           "cpu_threads",
-           "environment", "fresh_process", "frozen_summary", "host_ms", "inductor_variant", "loop_ms",
-           "markdown_table", "median", "not_frozen", "observed_inductor", "results_dir", "slug", "sync", "wall_ms"]
+__all__ = ["INDUCTOR_MODES", "MUST_FREEZE", "SELF_GRAPHED", "Clocked", "DeviceMemory", "Record", "alternate",
+           "call_ms", "cli", "clocked", "cpu_threads", "environment", "fresh_process", "frozen_summary", "host_ms",
+           "inductor_variant", "loop_ms", "markdown_table", "median", "not_frozen", "observed_inductor",
+           "results_dir", "slug", "sync", "wall_ms"]

@@ -5,11 +5,13 @@ it); ``loop_ms`` times calls back to back (what a launch-bound loop pays); ``hos
 CPU's share alone. ``alternate`` interleaves the variants' rounds so that a machine that
 drifts (clocks, other tenants) moves every variant alike; ``fresh_process`` runs a variant in
 a process of its own where one process's state (allocator, caches, CUDA graphs) would leak
-into the next variant's figure.
+into the next variant's figure; ``clocked`` times one host-side run (an ``optimize``, a
+rewrite, a report) on the wall clock and in CPU seconds.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -20,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -118,6 +120,36 @@ def host_ms(fn: Callable[[], Any], device: str, reps: int = 15) -> float:
         times.append((time.perf_counter() - start) * 1e3)
     sync(device)
     return median(times)
+
+
+class Clocked(NamedTuple):
+    """One call: its wall seconds, the CPU seconds it cost, and what it returned."""
+
+    wall_s: float
+    cpu_s: float
+    value: Any
+
+
+def clocked(fn: Callable[[], Any]) -> Clocked:
+    """Wall and CPU seconds of one call of ``fn`` on the host, and its result: what the CPU-side
+    benches (passes, rewrites, the report) time, one run being seconds of work.
+
+    CPU seconds are this process's and those of the children it waited for (a renderer it
+    ran): on a shared, loaded machine they are the steadier figure, since other tenants
+    stretch the wall clock and not the work done. Garbage is collected first, so that a run
+    does not pay for what an earlier run left behind.
+    """
+    gc.collect()
+    children = _children_cpu_s()
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = fn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return Clocked(wall, cpu + _children_cpu_s() - children, value)
+
+
+def _children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def alternate(variants: Mapping[K, V], rounds: int, measure: Callable[[V], float],

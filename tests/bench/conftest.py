@@ -9,6 +9,8 @@ from types import ModuleType
 
 import pytest
 
+from ..visualize.conftest import find_or_install_chromium
+
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
@@ -25,3 +27,11 @@ def load_bench(name: str) -> ModuleType:
 @pytest.fixture(scope="session")
 def bench_script() -> Callable[[str], ModuleType]:
     return load_bench
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """bench/report.py's smoke drives a headless Chromium: found, or installed on CI as the
+    visualize tests install theirs (whichever test asks first), else the test skips saying how."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("name") == "report":
+        find_or_install_chromium("bench/report.py's smoke needs a headless Chromium")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import time
 
 import harness
 import pytest
@@ -101,6 +103,16 @@ def test_cpu_threads_are_put_back():
     with harness.cpu_threads(None):
         assert torch.get_num_threads() == before
     assert torch.get_num_threads() == before
+
+
+def test_clocked_counts_the_cpu_of_the_work_and_of_the_children_it_waited_for():
+    """A sleep is wall time and no CPU; a child's busy loop is CPU the call cost, though
+    another process did it (a report's renderer); the result comes back."""
+    slept = harness.clocked(lambda: time.sleep(0.2) or "done")
+    assert slept.value == "done" and slept.wall_s >= 0.2 and slept.cpu_s < 0.1, slept
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    child = harness.clocked(lambda: subprocess.run([sys.executable, "-c", busy], check=True))
+    assert child.cpu_s >= 0.3, child
 
 
 def test_markdown_table():

@@ -2,9 +2,9 @@
 
 Each runs in this process (``main(argv)`` returns what it wrote) with tiny shapes; the test
 checks the record's layout (the environment, one row per measured thing, the fields and
-variants the bench promises), never a figure. optimize_time, startup, report and
-rewrite_scaling are not on the harness yet. bench/int8_defaults_from_cache.py measures
-nothing: it is the tool that merges an int8 tuning cache into fxopt's shipped table.
+variants the bench promises), never a figure. Every bench is on the harness;
+bench/int8_defaults_from_cache.py measures nothing: it is the tool that merges an int8
+tuning cache into fxopt's shipped table.
 """
 
 from __future__ import annotations
@@ -214,6 +214,79 @@ SMOKES: dict[str, tuple[list[str], Check]] = {
                  "--batches", "4,2", "--rounds", "1"], _serving),
     "serving_seq": (["--variants", "fxopt,inductor", "--lengths", "8,16", "--rounds", "1"], _serving_seq),
 }
+
+
+def _frozen_check_cost(data: dict[str, Any]) -> None:
+    assert [(r["model"], r["frozen_tensors"]) for r in data["rows"]] == [
+        ("resnet50", 267), ("vit_b_16", 152), ("160 tensors", 160)]
+    _fields("plain_us", "checked_us", "check_us")(data)
+    assert [r["model"] for r in data["rows"] if "share_of_call" in r] == ["resnet50", "vit_b_16"]
+    assert "yardstick_us" in data
+
+
+def _optimize_scale(data: dict[str, Any]) -> None:
+    symbolic, exported = data["rows"]
+    assert (symbolic["capture"], exported["capture"]) == ("symbolic_trace", "torch.export")
+    for row, parts in ((symbolic, ("default_pipeline", "fixed_copy", "fixed_validate_inputs_and_shapes")),
+                       (exported, ("default_pipeline", "dce", "baseline_module_and_eliminate_dead_code"))):
+        for part in parts:
+            assert {"min_s", "median_s", "cpu_min_s", "ms_per_node", "cpu_ms_per_node"} <= set(row[part]), (part, row)
+    assert "cse" in symbolic["passes_ms_per_node_last_run"]
+    assert {"dce_vs_baseline_cpu", "model_MB", "peak_rss_above_start_MB"} <= set(exported)
+
+
+def _optimize_time(data: dict[str, Any]) -> None:
+    assert [(r["model"], r["path"]) for r in data["rows"]] == [("fxopt_demo", "symbolic_trace"), ("fxopt_demo", "dynamo")]
+    _fields("nodes", "seconds", "cpu_seconds", "all", "passes")(data)
+    assert all({"cse", "inplace", "plan_memory"} <= set(r["passes"]) for r in data["rows"])
+    assert data["summary"]["timed"] == 2 and {"worst", "median_s", "over_1s"} <= set(data["summary"])
+
+
+def _startup(data: dict[str, Any]) -> None:
+    rows = {r["measure"]: r for r in data["rows"]}
+    assert list(rows) == ["import torch", "import fxopt after torch", "get_pass_class('dce')",
+                          "PassManager(DEFAULT_PIPELINE), not run", "registered_passes() (all modules)",
+                          "torch._inductor imported"]
+    for name, row in rows.items():
+        fields = ("seen",) if name.endswith("imported") else ("wall_ms_min", "wall_ms_median", "cpu_ms_median")
+        assert all(f in row for f in fields), row
+    assert isinstance(data["meta"]["fxopt_bytecode_cached"], bool)
+
+
+def _rewrite_scaling(data: dict[str, Any]) -> None:
+    assert [r["kind"] for r in data["rows"]] == ["chain", "ladder"]
+    _fields("nodes", "rewrites", "fxopt_s", "hand_s", "rules50_s", "fxopt_vs_hand", "rules50_vs_one",
+            "replace_pattern_s")(data)
+    for row in data["rows"]:  # within the smoke's cap, replace_pattern finishes and rewrites alike
+        assert row["replace_pattern_capped"] is False and row["replace_pattern_rewrites"] == row["rewrites"], row
+
+
+def _report(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]
+    assert row["model"] == "stack_42" and row["js_errors"] == [], row
+    assert row["diffs"] == len(row["passes"]) == len(row["diff_truth"]) and row["search_hits"], row
+    _fields("optimize_s", "write_s", "write_cpu_s", "size_MB", "load_s", "search_ms", "nodes_drawn", "diffs_drawn")(data)
+    assert data["meta"]["chromium"] and data["meta"]["renderer"]
+
+
+def _varlen_training(data: dict[str, Any]) -> None:
+    (row,) = data["rows"]  # eager alone: compiling a training step takes a minute on a CPU
+    assert row["variant"] == "eager" and row["graphs"] == 0 and len(row["losses"]) == 9, row
+    lengths = data["meta"]["lengths"]
+    assert lengths == [16, 48, 32]
+    _fields(*(f"ms_{n}" for n in lengths), *(f"warmup_s_{n}" for n in lengths), "variant_s")(data)
+    assert data["speedup"] == {} and data["meta"]["workload"] == "bert_base_mlm"
+
+
+SMOKES.update({
+    "frozen_check_cost": ([], _frozen_check_cost),
+    "optimize_scale": ([], _optimize_scale),
+    "optimize_time": ([], _optimize_time),
+    "startup": ([], _startup),
+    "rewrite_scaling": ([], _rewrite_scaling),
+    "report": ([], _report),
+    "varlen_training": ([], _varlen_training),
+})
 
 
 @pytest.mark.parametrize("name", list(SMOKES))
