@@ -164,6 +164,8 @@ class PadGroupWidth(ConstantConvWeightPass):
         decide = self.options["decide"]
         if decide != "time":
             return decide == "always"
+        if value.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # timing would break the caller's capture: the graph stays as it is
         stride, padding, dilation = (a if a is not None else d for a, d in zip(self._conv_args(conv), (1, 0, 1)))
         x = torch.randn(x_val.shape, device=value.device, dtype=value.dtype).contiguous(memory_format=_CL)
         w_wide = pad_groups(pad_groups(value, groups, wide, 0), 1, wide, 1).contiguous(memory_format=_CL)
