@@ -70,29 +70,27 @@ class Writer:
     def rewrite(self, m: Match, r: Rule) -> list[fx.Node]:
         """Inline ``r``'s replacement before the last matched node, reroute the outputs'
         users, erase the matched nodes; return the created nodes."""
-        graph, at = self.gm.graph, m.insert_at
-        rep = m.replacement
+        graph, at, rep, bindings = self.gm.graph, m.insert_at, m.replacement, m.bindings
         env: dict[fx.Node, Any] = {}
         created: list[fx.Node] = []
+        for rn, name in rep.binding.items():
+            bound = bindings[name]
+            if isinstance(bound, ParamRef) or isinstance(bound, fx.Node) and bound.op == "get_attr":
+                bound = self._attribute_at(bound, at, created)
+            env[rn] = bound
         lookup = env.__getitem__
         annotated = False
-        with graph.inserting_before(at):
-            for rn in rep.holes:
-                bound = m.bindings[rep.binding[rn]]
-                attribute = isinstance(bound, ParamRef) or isinstance(bound, fx.Node) and bound.op == "get_attr"
-                env[rn] = self._attribute_at(bound, at, created) if attribute else bound
-            for rn in rep.body:
-                target = self._install(rep, rn.target) if rn.op in ("get_attr", "call_module") else rn.target
-                # plain tuple/dict: fx's immutable containers send create_node down a slow path
-                args = tuple(fx.map_arg(rn.args, lookup))
-                kwargs = dict(fx.map_arg(rn.kwargs, lookup)) if rn.kwargs else {}
-                new = env[rn] = graph.create_node(rn.op, target, args, kwargs, rn.name)
-                if "val" in rn.meta:  # annotated on a replacement graph: kept if still valid
-                    new.meta["val"] = rn.meta["val"]
-                    annotated = True
-                created.append(new)
-        outputs = fx.map_arg(rep.output, lookup)
-        new_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        for rn in rep.body:
+            op = rn.op
+            target = self._install(rep, rn.target) if op == "get_attr" or op == "call_module" else rn.target
+            kwargs = rn.kwargs
+            new = env[rn] = insert_node(graph, at, op, target, fx.map_arg(rn.args, lookup),
+                                        fx.map_arg(kwargs, lookup) if kwargs else {}, rn.name)
+            if "val" in rn.meta:  # annotated on a replacement graph: kept if still valid
+                new.meta["val"] = rn.meta["val"]
+                annotated = True
+            created.append(new)
+        new_outputs = [lookup(o) if isinstance(o, fx.Node) else o for o in rep.returned]
         if self.carries_values or annotated:
             propagate_meta(self.gm, created)
             self.carries_values = True
@@ -125,6 +123,7 @@ class Writer:
         getter = self.getters.get(bound.target)
         if getter is None or self.sweep.positions[getter] >= self.sweep.positions[at]:
             getter = self.getters[bound.target] = self.gm.graph.get_attr(bound.target)
+            at.prepend(getter)
             created.append(getter)
             self.sweep.positions[getter] = self.sweep.positions[at] - 0.5
         return getter
@@ -185,6 +184,23 @@ class Writer:
         for target in candidates - used:
             if not any(u.startswith(target + ".") for u in used):
                 _del_attr(self.gm, target)
+
+
+def insert_node(graph: fx.Graph, at: fx.Node, op: str, target: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any], name: str) -> fx.Node:
+    """``graph.create_node(op, target, args, kwargs, name)`` placed before ``at``, at half
+    the cost: ``create_node`` scans the arguments for raw SymInts (a pytree walk, about half
+    of a rewrite's node creation), which these arguments, taken from nodes already in the
+    graph and from a traced replacement, cannot introduce; the arguments are set the way
+    ``Node.__init__`` sets them. A module with node-creation hooks (export's metadata
+    hook reads the arguments) gets the node from ``create_node`` whole."""
+    if getattr(graph.owning_module, "_create_node_hooks", None):
+        with graph.inserting_before(at):
+            return graph.create_node(op, target, tuple(args), dict(kwargs), name)
+    new = graph.create_node(op, target, None, None, name)
+    at.prepend(new)
+    new._update_args_kwargs(args, kwargs)
+    return new
 
 
 def _reroute_metadata_reads(m: Match, new_outputs: list[Any]) -> None:
