@@ -158,42 +158,46 @@ def apply_rules(gm: fx.GraphModule, rules: Sequence[Rule], pass_name: str | None
     counts = dict.fromkeys((r.name for r in rules), 0)
     writer = Writer(gm, pass_name, records, keep_existing_attrs)
     anchor_op = AnchorOps(index)
+    # one matcher per rule for the whole application: they share the writer's form cache,
+    # which each sweep empties
+    matchers = {id(r): StructuralMatcher(r.pattern, writer.cache) for r in rules}
     for _ in range(max_rounds):
-        if not _sweep(gm, index, anchor_op, counts, writer):
+        if not _sweep(gm, index, anchor_op, matchers, counts, writer):
             break
     writer.remove_dead_attributes()
     return counts
 
 
 def _sweep(gm: fx.GraphModule, index: dict[str, list[Rule]], anchor_op: AnchorOps,
-           counts: dict[str, int], writer: Writer) -> bool:
+           matchers: dict[int, StructuralMatcher], counts: dict[str, int], writer: Writer) -> bool:
     """One forward pass over the graph; True if another could find more (a rewrite created
     a node some rule anchors at, or a match was refused before a later rewrite, which may
     have removed the reason)."""
     nodes = list(gm.graph.nodes)
     writer.start_sweep(nodes)
-    matchers = {id(r): StructuralMatcher(r.pattern, writer.cache) for rules in index.values() for r in rules}
+    erased, made_by, sweep = writer.erased, writer.made_by, writer.sweep
     refused = again = False
     for node in nodes:
-        if node in writer.erased:
+        if node in erased:
             continue
         candidates = index.get(anchor_op(node))
         if not candidates:
             continue
         for r in candidates:
-            if writer.made_by.get(node) is r:  # a rule never anchors at its own output (no loops)
+            if made_by.get(node) is r:  # a rule never anchors at its own output (no loops)
                 continue
             matcher = matchers[id(r)]
             state = matcher.match(node)
             if state is None:
                 continue
             m = Match(gm, r.pattern, *state)
-            if check_match(m, r, matcher, writer.sweep) is not None:
+            if check_match(m, r, matcher, sweep) is not None:
                 refused = True
                 continue
             created = writer.rewrite(m, r)
             counts[r.name] += 1
-            again = again or refused or _anchors_any(created, index, anchor_op)
+            if not again:
+                again = refused or _anchors_any(created, index, anchor_op)
             break
     return again
 
