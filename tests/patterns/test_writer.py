@@ -53,3 +53,41 @@ def test_create_node_hooks_see_the_arguments() -> None:
     assert [name for name, _ in seen] == ["add_relu", "add_relu_1", "add_relu_2"]
     assert all(len(args) == 2 for _, args in seen)
     gm.graph.lint()
+
+
+def _ladder(steps: int) -> fx.GraphModule:
+    """Two chains feeding each other: every match binds the previous rewrite's output."""
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    for _ in range(steps):
+        a = graph.call_function(torch.relu, (graph.call_function(operator.add, (a, b)),))
+        b = graph.call_function(torch.relu, (graph.call_function(operator.add, (b, a)),))
+    graph.output(graph.call_function(operator.add, (a, b)))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _by_hand(gm: fx.GraphModule) -> None:
+    for node in list(gm.graph.nodes):
+        if node.target is torch.relu and node.args[0].target is operator.add:
+            add = node.args[0]
+            with gm.graph.inserting_before(add):
+                fused = gm.graph.call_function(torch.ops.fxopt.add_relu, add.args)
+            node.replace_all_uses_with(fused)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(add)
+    gm.recompile()
+
+
+def test_rewrites_feeding_rewrites_give_the_hand_written_graph() -> None:
+    """Each rewrite of the ladder binds the node the one before created: the result is the
+    graph a hand-written loop makes, node for node, and records what each node replaced."""
+    ours, theirs = _ladder(4), _ladder(4)
+    assert fp.replace(ours, lambda x, y: torch.relu(x + y), lambda x, y: torch.ops.fxopt.add_relu(x, y)) == 8
+    _by_hand(theirs)
+    ours.graph.lint()
+    assert ours.code == theirs.code
+    fused = [n for n in ours.graph.nodes if n.op == "call_function" and n.target is torch.ops.fxopt.add_relu]
+    assert fused[1].args == (ours.graph.find_nodes(op="placeholder")[1], fused[0])
+    assert [n.meta["fxopt.replaces"] for n in fused[:2]] == [["relu", "add"], ["relu_1", "add_1"]]
+    a, b = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(ours(a, b), _ladder(4)(a, b))
