@@ -84,8 +84,10 @@ class Match:
 
     def __post_init__(self) -> None:
         canon, nodes = self.pattern.canon, self.nodes
-        self.body = [g for p, g in nodes.items() if p in canon]
-        self.outputs = [nodes[o] for o in self.pattern.outputs]
+        # no attribute matched (the usual pattern): the body is every matched node
+        self.body = list(nodes.values()) if len(nodes) == len(canon) else [
+            g for p, g in nodes.items() if p in canon]
+        self.outputs = list(map(nodes.__getitem__, self.pattern.outputs))
 
     @property
     def anchor(self) -> fx.Node:
@@ -174,6 +176,31 @@ class Failure:
             self.depth, self.reason = depth, reason
 
 
+#: how the matcher reads one argument of a pattern op node
+_HOLE, _SUB, _LIST, _ANY, _LITERAL = range(5)
+
+
+def _kind(p: Any) -> int:
+    """A pattern argument's kind: a hole binds, a sub-pattern (an op or attribute node, or
+    a list holding pattern nodes) opens a branch, a literal must be equal, ANY matches."""
+    if isinstance(p, fx.Node):
+        return _HOLE if p.op == "placeholder" else _SUB
+    if isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
+        return _LIST
+    return _ANY if p is ANY else _LITERAL
+
+
+@dataclass(frozen=True, slots=True)
+class _Want:
+    """A pattern op node as the matcher reads it, worked out once per pattern rather than
+    per candidate: its canonical form, the kind of each argument, and whether its first
+    two operands may come in either order."""
+
+    form: Canon
+    kinds: tuple[int, ...]
+    commutative: bool
+
+
 @dataclass
 class StructuralMatcher:
     """Backtracking matcher over canonical forms, with a per-sweep canonical-form cache.
@@ -182,17 +209,20 @@ class StructuralMatcher:
     step is decided on the spot (a hole, a literal, an attribute), a generator only where
     alternatives remain open (the operand orders of a commutative op, a sub-pattern
     inside an argument list), so a match costs a generator per branch point, not per node.
+    A pattern op node is checked and its leading leaf arguments bound in one call: the
+    matcher runs for every candidate anchor, and its cost is mostly calls.
     """
 
     pattern: CompiledPattern
     cache: dict[fx.Node, Canon | None]
     failure: Failure = field(default_factory=Failure)
-    #: pattern nodes whose op may take its first two operands in either order
-    commutative: frozenset[fx.Node] = field(init=False)
+    #: pattern op node -> how it matches
+    wants: dict[fx.Node, _Want] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.commutative = frozenset(p for p, form in self.pattern.canon.items()
-                                     if is_commutative(form.op) and len(form.args) >= 2)
+        self.wants = {p: _Want(form, tuple(map(_kind, form.args)),
+                               is_commutative(form.op) and len(form.args) >= 2)
+                      for p, form in self.pattern.canon.items()}
 
     def canon(self, node: fx.Node) -> Canon | None:
         # a sentinel, not KeyError: in a fresh sweep most lookups miss, and raising costs more
@@ -203,10 +233,12 @@ class StructuralMatcher:
 
     def match(self, anchor: fx.Node) -> State | None:
         self.failure = Failure()
-        states = self._node(self.pattern.anchor, anchor, ({}, {}))
+        states = self._call(self.pattern.anchor, anchor, ({}, {}))  # the anchor is an op node
         for output, known in self.pattern.extras:
             states = self._extra(output, known, states)
-        return next(iter(states), None)
+        for state in states:  # the first state, without next(iter(...))'s two calls
+            return state
+        return None
 
     def _extra(self, output: fx.Node, known: fx.Node, states: Iterable[State]) -> Iterator[State]:
         """Extend each state with a match of ``output``, searched among the users of
@@ -244,105 +276,92 @@ class StructuralMatcher:
         return ()
 
     def _call(self, p: fx.Node, g: Any, state: State) -> Iterable[State]:
-        """Pattern op node ``p`` at graph node ``g``: same canonical op, then its arguments
-        (both operand orders for a commutative op, the given order first)."""
+        """Pattern op node ``p`` at graph node ``g``: same canonical op, in place where the
+        pattern is, as many arguments; then its arguments (both operand orders for a
+        commutative op, the given order first)."""
         nodes, binds = state
-        if isinstance(g, fx.Node) and nodes.get(p) is g:
-            return state,
-        have = self._form_at(p, g, nodes)
-        if have is None:
-            return ()
-        want = self.pattern.canon[p].args
-        state = {**nodes, p: g}, binds
-        if p in self.commutative:
-            return self._orders(want, have.args, state, g)
-        return self._args(want, have.args, 0, state, g)
-
-    def _orders(self, want: tuple, have: tuple, state: State, g: fx.Node) -> Iterator[State]:
-        yield from self._args(want, have, 0, state, g)
-        yield from self._args(want, (have[1], have[0], *have[2:]), 0, state, g)
-
-    def _form_at(self, p: fx.Node, g: Any, nodes: dict[fx.Node, fx.Node]) -> Canon | None:
-        """``g``'s canonical form if it can stand for pattern node ``p`` (same op, same
-        number of arguments, in place where the pattern is); else None, failure noted."""
-        want, depth = self.pattern.canon[p], len(nodes)
+        want = self.wants[p]
+        form, depth = want.form, len(nodes)
         if not isinstance(g, fx.Node):
-            self.failure.note(depth, f"pattern node {p.name!r} ({want.op}) met {_describe(g)}")
-            return None
+            self.failure.note(depth, f"pattern node {p.name!r} ({form.op}) met {_describe(g)}")
+            return ()
         if p in nodes:
+            if nodes[p] is g:  # reached again along another path of the pattern
+                return state,
             self.failure.note(depth, f"pattern node {p.name!r} is already {nodes[p].name!r}, not {g.name!r}")
-            return None
+            return ()
         if g in nodes.values():  # nodes compare by identity
             self.failure.note(depth, f"node {g.name!r} is already matched to another pattern node")
-            return None
-        have = self.canon(g)
-        if have is None or have.op != want.op:
-            self.failure.note(depth, f"pattern node {p.name!r} expects `{want.op}`, node {g.name!r} is "
+            return ()
+        have = self.cache.get(g, _UNSEEN)
+        if have is _UNSEEN:
+            have = self.cache[g] = canonicalize(g)
+        if have is None or have.op != form.op:
+            self.failure.note(depth, f"pattern node {p.name!r} expects `{form.op}`, node {g.name!r} is "
                                      f"`{have.op if have else g.op + ' ' + str(g.target)}`")
-            return None
-        if want.inplace and not have.inplace:
+            return ()
+        if form.inplace and not have.inplace:
             self.failure.note(depth, f"pattern node {p.name!r} writes in place, node {g.name!r} does not")
-            return None
-        if len(have.args) != len(want.args):
-            self.failure.note(depth, f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(want.args)}")
-            return None
-        return have
+            return ()
+        if len(have.args) != len(form.args):
+            self.failure.note(depth, f"node {g.name!r}: {len(have.args)} arguments, pattern has {len(form.args)}")
+            return ()
+        state = {**nodes, p: g}, binds
+        if want.commutative:
+            return self._orders(want, have.args, state, g)
+        return self._args(form.args, want.kinds, have.args, 0, state, g)
 
-    def _args(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterable[State]:
+    def _orders(self, want: _Want, have: tuple, state: State, g: fx.Node) -> Iterator[State]:
+        args, kinds = want.form.args, want.kinds
+        yield from self._args(args, kinds, have, 0, state, g)
+        yield from self._args(args, kinds, (have[1], have[0], *have[2:]), 0, state, g)
+
+    def _args(self, want: tuple, kinds: tuple[int, ...], have: tuple, i: int, state: State,
+              g: fx.Node) -> Iterable[State]:
         """States matching ``have[i:]`` to ``want[i:]``: the leading holes, literals and
         wildcards bind on the spot; the first sub-pattern opens a branch."""
-        if i == len(want):  # the arguments after the last sub-pattern: none
-            return state,
-        leaves = self._leaves(want, have, i, state, g)
-        if leaves is None:
-            return ()
-        i, state = leaves
-        if i == len(want):
-            return state,
-        return self._branch(want, have, i, state, g)
-
-    def _branch(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterable[State]:
-        if i + 1 == len(want):  # the last argument (``relu(add(x, y))``): its states are the list's
-            return self._arg(want[i], have[i], state, g, i)
-        return self._then(want, have, i, state, g)
-
-    def _then(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> Iterator[State]:
-        for next_state in self._arg(want[i], have[i], state, g, i):
-            yield from self._args(want, have, i + 1, next_state, g)
-
-    def _leaves(self, want: tuple, have: tuple, i: int, state: State, g: fx.Node) -> tuple[int, State] | None:
-        """Bind ``want[i:]`` up to its first sub-pattern (an op node or a list holding
-        one): (where that is, the state), or None when a literal or a binding disagrees."""
         nodes, binds = state
+        n = len(want)
         copied = False  # the caller's bindings stay as they were (other branches share them)
-        while i < len(want):
-            p, t = want[i], have[i]
-            if isinstance(p, fx.Node):
-                if p.op != "placeholder":
-                    break
-                if p.target not in binds:
+        while i < n:
+            kind = kinds[i]
+            if kind == _HOLE:
+                name, t = want[i].target, have[i]
+                if name not in binds:
                     if not copied:  # one copy for all the holes of this list, not one per hole
                         binds, copied = dict(binds), True
-                    binds[p.target] = t
-                elif not _same(binds[p.target], t):
-                    self.failure.note(len(nodes), f"argument {p.target!r} is bound to "
-                                                  f"{_describe(binds[p.target])} but here it would be {_describe(t)}")
-                    return None
-            elif isinstance(p, (list, tuple)) and any(isinstance(x, fx.Node) for x in p):
+                    binds[name] = t
+                elif not _same(binds[name], t):
+                    self.failure.note(len(nodes), f"argument {name!r} is bound to {_describe(binds[name])} "
+                                                  f"but here it would be {_describe(t)}")
+                    return ()
+            elif kind == _LITERAL:
+                if not _literal_eq(want[i], have[i]):
+                    self.failure.note(len(nodes), f"node {g.name!r} argument {i}: pattern literal {want[i]!r} "
+                                                  f"does not match {_describe(have[i])}")
+                    return ()
+            elif kind != _ANY:  # a sub-pattern
                 break
-            elif p is not ANY and not _literal_eq(p, t):
-                self.failure.note(len(nodes), f"node {g.name!r} argument {i}: pattern literal {p!r} "
-                                              f"does not match {_describe(t)}")
-                return None
             i += 1
-        return i, (nodes, binds)
+        state = nodes, binds
+        if i == n:
+            return state,
+        if i + 1 == n:  # the last argument (``relu(add(x, y))``): its states are the list's
+            return self._arg(want[i], kinds[i], have[i], state, g, i)
+        return self._then(want, kinds, have, i, state, g)
 
-    def _arg(self, p: Any, t: Any, state: State, g: fx.Node, i: int) -> Iterable[State]:
+    def _then(self, want: tuple, kinds: tuple[int, ...], have: tuple, i: int, state: State,
+              g: fx.Node) -> Iterator[State]:
+        for next_state in self._arg(want[i], kinds[i], have[i], state, g, i):
+            yield from self._args(want, kinds, have, i + 1, next_state, g)
+
+    def _arg(self, p: Any, kind: int, t: Any, state: State, g: fx.Node, i: int) -> Iterable[State]:
         """A sub-pattern argument: a pattern node, or a list holding pattern nodes."""
-        if isinstance(p, fx.Node):
+        if kind == _SUB:
             return self._node(p, t, state)
         if isinstance(t, (list, tuple)) and len(t) == len(p):
-            return self._args(tuple(p), tuple(t), 0, state, g)
+            p = tuple(p)
+            return self._args(p, tuple(map(_kind, p)), tuple(t), 0, state, g)
         self.failure.note(len(state[0]), f"node {g.name!r} argument {i}: expected a list of {len(p)}, got {t!r}")
         return ()
 
@@ -418,15 +437,18 @@ class SweepState:
         return any(w not in inside for w in index[lo:hi])
 
 
-def _earliest_point(m: Match, first: fx.Node, positions: dict[fx.Node, float]) -> fx.Node:
+def _earliest_point(bindings: dict[str, Any], first: fx.Node, first_at: float,
+                    positions: dict[fx.Node, float]) -> fx.Node:
     """The earliest node before which the replacement can run: right after its latest
     input (attributes excepted: they are read again where needed), or before the first
-    matched node."""
-    latest = None
-    for b in m.bindings.values():  # one loop, no list: this runs for every candidate
-        if isinstance(b, fx.Node) and b.op != "get_attr" and (latest is None or positions[b] > positions[latest]):
-            latest = b
-    if latest is None or positions[latest] < positions[first]:
+    matched node (at ``first_at``)."""
+    latest, latest_at = None, first_at
+    for b in bindings.values():  # one loop, no list: this runs for every candidate
+        if isinstance(b, fx.Node) and b.op != "get_attr":
+            at = positions[b]
+            if latest is None or at > latest_at:
+                latest, latest_at = b, at
+    if latest is None or latest_at < first_at:
         return first
     return latest.next
 
@@ -449,57 +471,75 @@ def dead_uses(node: fx.Node, keep: fx.Node, limit: int = 8) -> list[fx.Node] | N
 def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
     """The reason ``m`` must not be rewritten, or None if it is sound. Sets
     ``m.insert_at``: as early as the inputs allow when nothing that blocks a move lies in
-    between (then no user of an output can come before it), else the last matched node."""
+    between (then no user of an output can come before it), else the last matched node.
+    Runs for every structural match: what only in-place spellings, metadata reads or
+    outside users can fail is looked at only where they occur."""
     forms = matcher.cache  # every matched node was canonicalized while matching
-    outputs = set(m.outputs)
     body = m.body
     matched = set(body)
-    for g in body:
-        for extra in forms[g].interior:
-            dead = dead_uses(extra, g)
-            if dead is None:
-                live = next(u for u in extra.users if u is not g)
-                return f"node {extra.name!r} (part of {g.name!r}) is also used by {live.name!r}"
-            matched.add(extra)
-            matched.update(dead)
     positions = sweep.positions
     first = last = body[0]  # one loop for both ends (same ties as min and max: the first wins)
+    first_at = last_at = positions[first]
+    writes = False  # some matched node is an in-place spelling
     for g in body:
+        form = forms[g]
+        if form.interior:
+            why = _claim_interior(g, form.interior, matched)
+            if why:
+                return why
+        writes = writes or form.inplace
         at = positions[g]
-        if at < positions[first]:
-            first = g
-        elif at > positions[last]:
-            last = g
-    early = _earliest_point(m, first, positions)
+        if at < first_at:
+            first, first_at = g, at
+        elif at > last_at:
+            last, last_at = g, at
+    early = _earliest_point(m.bindings, first, first_at, positions)
     if early is not last and not sweep.blocked(m.gm, early, last, matched, _blocks_move):
         m.insert_at = early
         why = None
     else:
         m.insert_at = last
-        why = _early_users(outputs, matched, last, positions)
+        why = _early_users(set(m.outputs), matched, last, positions)
         if not why and first is not last and sweep.blocked(m.gm, first.next, last, matched, _blocks_move):
             why = ("an in-place write, collective, random or unknown op outside the match runs between "
                    "the matched nodes; the rewrite would move computation across it")
-    why = why or _outside_users(m, matched, positions) or _written_outside(m, matched, outputs, matcher)
+    why = why or _outside_users(m, matched, positions) or (writes and _written_outside(m, matched, matcher))
     if why:
         return why
-    why = rule.check_constraints(m) if rule.constraints or rule.where or rule.callback else None
-    if why:
-        return why
-    m.replacement = rule.replacement_of(m)
-    return _replacement_writes(m, matched, outputs, matcher)
+    if rule.constraints or rule.where or rule.callback:
+        why = rule.check_constraints(m)
+        if why:
+            return why
+    m.replacement = rule.replacement if rule.replacement_for is None else rule.replacement_of(m)
+    if m.pattern.writes or m.replacement.writes:
+        return _replacement_writes(m, matched, matcher)
+    return None
+
+
+def _claim_interior(g: fx.Node, interior: tuple[fx.Node, ...], matched: set[fx.Node]) -> str | None:
+    """Add the pieces of ``g``'s canonical form (and their dead uses) to ``matched``, or
+    say which of them is used elsewhere."""
+    for extra in interior:
+        dead = dead_uses(extra, g)
+        if dead is None:
+            live = next(u for u in extra.users if u is not g)
+            return f"node {extra.name!r} (part of {g.name!r}) is also used by {live.name!r}"
+        matched.add(extra)
+        matched.update(dead)
+    return None
 
 
 def _outside_users(m: Match, matched: set[fx.Node], positions: dict[fx.Node, float]) -> str | None:
     """Interior nodes have no users outside the match, except reads of their metadata
     (``x.ndim``, ``x.shape[0]``) after the insertion point where an output has the same
     metadata (the rewrite points them at it)."""
-    after = positions[m.insert_at]
+    nodes = m.nodes
     for p in m.pattern.interior:
-        g = m.nodes[p]
+        g = nodes[p]
         for u in g.users:
             if u in matched:
                 continue
+            after = positions[m.insert_at]
             if not (p in m.pattern.meta_twins and reads_only_metadata(u)
                     and u.args[:1] == (g,) and positions.get(u, after) > after):
                 return (f"node {g.name!r} (pattern {p.name!r}) is also used by {u.name!r} outside the "
@@ -508,9 +548,9 @@ def _outside_users(m: Match, matched: set[fx.Node], positions: dict[fx.Node, flo
     return None
 
 
-def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
-                     matcher: StructuralMatcher) -> str | None:
+def _written_outside(m: Match, matched: set[fx.Node], matcher: StructuralMatcher) -> str | None:
     """A graph node that writes in place where the pattern does not must write invisibly."""
+    outputs = set(m.outputs)
     for p, want in m.pattern.canon.items():
         g = m.nodes[p]
         form = matcher.cache.get(g)
@@ -521,10 +561,10 @@ def _written_outside(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
     return None
 
 
-def _replacement_writes(m: Match, matched: set[fx.Node], outputs: set[fx.Node],
-                        matcher: StructuralMatcher) -> str | None:
+def _replacement_writes(m: Match, matched: set[fx.Node], matcher: StructuralMatcher) -> str | None:
     """What the replacement writes in place must be what the pattern writes, or invisible."""
     pattern_writes, replacement_writes = m.pattern.writes, m.replacement.writes
+    outputs = set(m.outputs)
     for name in pattern_writes ^ replacement_writes:
         bound = m.bindings.get(name)
         if not _write_is_invisible(bound, matched, outputs, matcher):

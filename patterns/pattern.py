@@ -207,6 +207,11 @@ class CompiledReplacement:
     root: nn.Module | None = None
     #: pattern arguments whose tensors the replacement writes in place (through views too)
     writes: frozenset[str] = frozenset()
+    #: the returned values as a list, one per pattern output (read by every rewrite)
+    returned: list[Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.returned = list(self.output) if isinstance(self.output, (tuple, list)) else [self.output]
 
 
 def compile_replacement(fn: PatternSource, pattern: CompiledPattern, *,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import fxopt.patterns as fp
 import pytest
 import torch
@@ -112,6 +114,56 @@ def test_inplace_replacement_never_writes_into_the_callers_input() -> None:
     torch.testing.assert_close(x, before)
     assert "would write into argument 't'" in fp.explain(gm, fp.rule(pattern, in_place))
     assert len(fp.replace_pattern(fx.symbolic_trace(M()), pattern, in_place)) == 1
+
+
+def test_an_inplace_spelling_whose_write_is_visible_is_not_rewritten() -> None:
+    """An out-of-place pattern matches ``relu_`` only where the write is invisible: not into
+    a value returned (``s``) or the caller's input (``a``)."""
+    class M(nn.Module):
+        def forward(self, a, b):
+            s = a + b
+            s.relu_()
+            return s, a.relu_()
+
+    gm = fx.symbolic_trace(M())
+    why = fp.explain(gm, lambda x: torch.relu(x))
+    assert "'relu_' writes in place into node 'add'" in why
+    assert "'relu__1' writes in place into node 'a'" in why
+    assert fp.replace(gm, lambda x: torch.relu(x), lambda x: torch.clamp_min(x, 0)) == 0
+    a, b = torch.randn(8), torch.randn(8)
+    expected = M()(a.clone(), b)
+    got = gm(a, b)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_form_spanning_two_nodes_is_rewritten_only_when_its_pieces_are_unused() -> None:
+    """``getitem(native_batch_norm(...), 0)`` reads as ``batch_norm``: the rewrite removes
+    the ``native_batch_norm`` too, so another user of it (the saved mean) refuses the match."""
+    aten = torch.ops.aten
+
+    def build(use_mean: bool) -> fx.GraphModule:
+        graph = fx.Graph()
+        x, w, b, rm, rv = (graph.placeholder(n) for n in ("x", "w", "b", "rm", "rv"))
+        stats = graph.call_function(aten._native_batch_norm_legit_no_training.default, (x, w, b, rm, rv, 0.1, 1e-5))
+        out = graph.call_function(aten.relu.default, (graph.call_function(operator.getitem, (stats, 0)),))
+        graph.output((out, graph.call_function(operator.getitem, (stats, 1))) if use_mean else out)
+        return fx.GraphModule(nn.Module(), graph)
+
+    def pattern(x, w, b, rm, rv):
+        return torch.relu(F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5))
+
+    def replacement(x, w, b, rm, rv):
+        return torch.clamp_min(F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5), 0)
+
+    used = build(use_mean=True)
+    assert "'_native_batch_norm_legit_no_training_default' (part of 'getitem') is also used by 'getitem_1'" in \
+        fp.explain(used, pattern)
+    assert fp.replace(used, pattern, replacement) == 0
+    unused = build(use_mean=False)
+    assert fp.replace(unused, pattern, replacement) == 1
+    assert not any("native_batch_norm" in str(n.target) for n in unused.graph.nodes)
+    inputs = (torch.randn(2, 3, 4), torch.rand(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5)
+    torch.testing.assert_close(unused(*inputs), build(use_mean=False)(*inputs))
 
 
 # --- bad input ----------------------------------------------------------------------------
