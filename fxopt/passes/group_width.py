@@ -6,7 +6,8 @@ channels-last), cuDNN runs them as a layout transform of the input, the grouped 
 a transform back: ``tensorTransformGeneric`` alone was 47% of regnet_y_1_6gf's GPU time,
 under fxopt and every Inductor mode alike. The same convolutions with each group's channels
 zero-padded to 32 need no transform: 0.56 ms per model call against 2.76 ms
-(bench/grouped_conv_probe.py, bench/RESULTS.md).
+(bench/grouped_conv_probe.py), and with this pass regnet's GPU time per call fell from
+3.92 ms (Inductor's reduce-overhead + freezing) to 2.36 ms (bench/gpu_zoo.py --profile).
 
 The rewrite, on a frozen graph (the weight is a constant): the weight gets zero input
 channels and zero output filters up to the next multiple of 32 per group (the bias zeros), the
@@ -14,6 +15,8 @@ input is padded per group (``unflatten`` to ``[N, groups, width, H, W]``, ``F.pa
 ``flatten``, channels-last), and the output is cut back per group the same way. The extra
 channels multiply zeros, so the values are the convolution's (up to the kernel's rounding);
 the pad and the cut are pointwise copies that Inductor fuses into the neighbouring kernels.
+They are stock torch ops in the graph, not a helper function: the CUDA-graph replay runs
+only graphs whose every node fxopt knows to be pure.
 
 Whether it pays depends on the GPU, cuDNN and the shape, so it is decided by timing: at
 compile time, on the first graph with that convolution, the padded form (with its pad and
@@ -185,35 +188,54 @@ class PadGroupWidth(ConstantConvWeightPass):
     def _rewrite(self, gm: fx.GraphModule, conv: fx.Node, weight: fx.Node, value: Tensor, groups: int, wide: int,
                  x_val: Tensor, bias: Tensor | None) -> None:
         graph, width = gm.graph, value.shape[1]
+        made: list[fx.Node] = []
+
+        def add(target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+            """A node of a stock torch op (a string: a tensor method), its value recorded:
+            plain ops, so the replay and the other analyses know them."""
+            node = (graph.call_method(target, args, kwargs) if isinstance(target, str)
+                    else graph.call_function(target, args, kwargs))
+            values, kw_values = fx.map_arg((args, kwargs), _traced)
+            if isinstance(values[0], Tensor):
+                fn = getattr(torch.Tensor, target) if isinstance(target, str) else target
+                record_value(node, fn(*values, **kw_values))
+            made.append(node)
+            return node
+
+        def regroup(t: fx.Node, per_group: int, keep: int) -> fx.Node:
+            """``t``'s channels as ``groups`` groups of ``per_group``, each padded or cut to
+            ``keep``, channels-last again."""
+            split = add(torch.unflatten, t, 1, (groups, per_group))
+            fitted = (add(F.pad, split, [0, 0, 0, 0, 0, keep - per_group]) if keep > per_group
+                      else add(torch.narrow, split, 2, 0, keep))
+            return add("contiguous", add(torch.flatten, fitted, 1, 2), memory_format=_CL)
+
         w_attr = fresh_attr_name(gm, f"{weight.target}_group_padded")
         gm.register_buffer(w_attr, pad_groups(pad_groups(value, groups, wide, 0), 1, wide, 1).contiguous(
             memory_format=_CL))
+        old_bias = conv.args[2] if len(conv.args) > 2 else None
         with graph.inserting_before(conv):
             new_weight = graph.get_attr(w_attr)
-            x_wide = graph.call_function(pad_groups, (conv.args[0], groups, wide, 1))
-            x_wide_cl = graph.call_method("contiguous", (x_wide,), {"memory_format": _CL})
+            made.append(new_weight)
+            record_value(new_weight, fetch_attr(gm, w_attr))
+            x_wide = regroup(conv.args[0], width, wide)
             new_bias = None
             if bias is not None:
-                b_attr = fresh_attr_name(gm, f"{conv.args[2].target}_group_padded")
+                b_attr = fresh_attr_name(gm, f"{old_bias.target}_group_padded")
                 gm.register_buffer(b_attr, pad_groups(bias, groups, wide, 0))
                 new_bias = graph.get_attr(b_attr)
-        with graph.inserting_after(conv):
-            cut = graph.call_function(cut_groups, (conv, groups, width))
-        with graph.inserting_after(cut):
-            cut_cl = graph.call_method("contiguous", (cut,), {"memory_format": _CL})
-        conv.replace_all_uses_with(cut_cl, delete_user_cb=lambda user: user is not cut)
-        old_bias = conv.args[2] if len(conv.args) > 2 else None
-        conv.args = (x_wide_cl, new_weight, new_bias, *conv.args[3:])
-        record_value(new_weight, fetch_attr(gm, w_attr))
-        record_value(x_wide, pad_groups(x_val, groups, wide, 1))
-        record_value(x_wide_cl, x_wide.meta["val"].contiguous(memory_format=_CL))
+                made.append(new_bias)
+                record_value(new_bias, fetch_attr(gm, b_attr))
         out_val = _traced(conv)
+        conv.args = (x_wide, new_weight, new_bias, *conv.args[3:])
         if isinstance(out_val, Tensor):
-            wide_out = pad_groups(out_val, groups, wide, 1).contiguous(memory_format=_CL)
-            record_value(conv, wide_out)
-            record_value(cut, cut_groups(wide_out, groups, width))
-            record_value(cut_cl, cut.meta["val"].contiguous(memory_format=_CL))
-        for node in (new_weight, x_wide, x_wide_cl, cut, cut_cl) + ((new_bias,) if new_bias is not None else ()):
+            record_value(conv, pad_groups(out_val, groups, wide, 1).contiguous(memory_format=_CL))
+        users = list(conv.users)
+        with graph.inserting_before(conv.next):  # after conv, in order
+            cut = regroup(conv, wide, width)
+        for user in users:
+            user.replace_input_with(conv, cut)
+        for node in made:
             record_replacement(node, [conv], self.name)
         for old in (weight, old_bias):
             if isinstance(old, fx.Node) and not old.users:
