@@ -16,8 +16,8 @@ from fxopt.manager import REPORT_KEY, Instrumentation, PassManager
 from fxopt.pipeline import PassLike
 from fxopt.report import Report
 
-if TYPE_CHECKING:
-    from fxopt.profiling import Profile
+if TYPE_CHECKING:  # the module, not the package: its __init__ imports run, which imports optimize
+    from fxopt.profiling.result import Profile
 
 #: measures a graph on inputs: ``fxopt.profile``, or a ``functools.partial`` of it. A
 #: parameter, not an import: fxopt.profiling sits above optimize (fxopt.profiling.run captures

@@ -31,12 +31,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 from fxopt.patterns.canon import Canon, ParamRef, canonicalize
-from fxopt.patterns.pattern import ANY, CompiledPattern
+from fxopt.patterns.pattern import ANY, CompiledPattern, CompiledReplacement
 
 from fxopt.analysis.alias import storages_of
 from fxopt.analysis.ops import (
@@ -50,10 +50,21 @@ from fxopt.analysis.ops import (
     reads_only_metadata,
 )
 
-if TYPE_CHECKING:
-    from fxopt.patterns.rules import Rule
-
 State = tuple[dict[fx.Node, fx.Node], dict[str, Any]]
+
+
+class RuleChecks(Protocol):
+    """What :func:`check_match` asks of a rule (:class:`fxopt.patterns.rules.Rule` is one).
+    Declared here, not imported: rules.py builds on this module, so naming ``Rule`` here
+    (even for types) closed an import loop."""
+
+    constraints: dict[str, Any]
+    where: tuple[Callable[[Match], bool], ...]
+    callback: Callable[[Match], bool | None] | None
+
+    def check_constraints(self, m: Match) -> str | None: ...
+
+    def replacement_of(self, m: Match) -> CompiledReplacement | None: ...
 
 @dataclass(slots=True)
 class Match:
@@ -468,7 +479,7 @@ def dead_uses(node: fx.Node, keep: fx.Node, limit: int = 8) -> list[fx.Node] | N
     return found
 
 
-def check_match(m: Match, rule: Rule, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
+def check_match(m: Match, rule: RuleChecks, matcher: StructuralMatcher, sweep: SweepState) -> str | None:
     """The reason ``m`` must not be rewritten, or None if it is sound. Sets
     ``m.insert_at``: as early as the inputs allow when nothing that blocks a move lies in
     between (then no user of an output can come before it), else the last matched node.

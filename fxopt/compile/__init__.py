@@ -60,6 +60,8 @@ def compile(model: Callable, passes: PassLike | Iterable[PassLike] | None = None
             raise PassOptionError(BACKEND, "passes", "given both as an argument and in options")
         opts["passes"] = passes
     mode = torch_compile_kwargs.pop("mode", None)
+    if mode is not None and "mode" in opts:  # the argument would win at run time, unchecked here
+        raise PassOptionError(BACKEND, "mode", "given both as an argument and in options")
     BackendOptions.parse(opts, mode)
     if mode is not None:
         opts["mode"] = mode

@@ -11,22 +11,57 @@ sides and never rewritten are "unchanged"; their difference is the measurement n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from tabulate import tabulate
 
 from fxopt.provenance import PROVENANCE_KEY
 from fxopt.snapshot import _FIELDS, GraphSnapshot
 
-if TYPE_CHECKING:  # Profile.diff calls this module: a profile is only read here
-    from fxopt.profiling.result import Profile
+if TYPE_CHECKING:
+    import torch.fx as fx
 
 UNCHANGED = "(unchanged nodes)"
 #: new nodes that name no pass (no fxopt.created_by) when no optimize report is at hand
 NO_PROVENANCE = "(new nodes, pass unknown)"
 _MIB = 1 << 20
+
+
+class NodeCost(Protocol):
+    """What the diff reads of a profiled node (:class:`fxopt.profiling.NodeProfile` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def module(self) -> str: ...
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def allocated_bytes(self) -> int: ...
+
+
+class Profiled(Protocol):
+    """What the diff reads of a profile (:class:`fxopt.profiling.Profile` is one).
+
+    Declared here, not imported: ``Profile.diff`` calls this module, so profiles sit above
+    it, and naming ``Profile`` here (even for types) closed an import loop."""
+
+    @property
+    def nodes(self) -> Sequence[NodeCost]: ...
+    @property
+    def graph_module(self) -> fx.GraphModule | None: ...
+    @property
+    def node_time_s(self) -> float: ...
+    @property
+    def eager_s(self) -> float: ...
+    @property
+    def peak_bytes(self) -> int: ...
+
+
+#: the profiles a diff compares (``ProfileDiff[Profile]`` from ``Profile.diff``)
+P = TypeVar("P", bound=Profiled)
 
 
 @dataclass
@@ -72,11 +107,11 @@ class PassChange:
 
 
 @dataclass
-class ProfileDiff:
+class ProfileDiff(Generic[P]):
     """Profile before vs after, per pass; ``str()`` prints the table."""
 
-    before: Profile
-    after: Profile
+    before: P
+    after: P
     changes: list[PassChange]
 
     @property
@@ -134,7 +169,7 @@ class _Groups:
         self.parent[self.find(a)] = self.find(b)
 
 
-def diff_profiles(before: Profile, after: Profile, report: Any = None) -> ProfileDiff:
+def diff_profiles(before: P, after: P, report: Any = None) -> ProfileDiff[P]:
     """See :meth:`Profile.diff`. ``report`` (the optimize run's) names removing passes."""
     b_names = {n.name for n in before.nodes}
     a_nodes = {n.name: n for n in (after.graph_module.graph.nodes if after.graph_module else ())}
@@ -205,7 +240,7 @@ def _creator(node: Any, added_by: dict[str, str]) -> str | None:
     return added_by.get(node.name) or node.meta.get("fxopt.created_by")
 
 
-def _pass_effects(report: Any, after: Profile) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+def _pass_effects(report: Any, after: Profiled) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
     """From an optimize report: original node -> the pass that removed it, new node -> the
     pass that added it, and the order passes ran in."""
     removed_by: dict[str, str] = {}

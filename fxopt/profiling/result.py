@@ -187,7 +187,7 @@ class Profile:
 
     # --- before/after and export -------------------------------------------------------
 
-    def diff(self, other: Profile, report: Any = None) -> ProfileDiff:
+    def diff(self, other: Profile, report: Any = None) -> ProfileDiff[Profile]:
         """What changed from this profile (before) to ``other`` (after a rewrite),
         attributed to passes and the nodes they rewrote (see :class:`ProfileDiff`)."""
         return diff_profiles(self, other, report)

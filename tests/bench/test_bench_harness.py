@@ -7,9 +7,12 @@ against what Dynamo really handed Inductor, on CPU, and that the profile sorts r
 kernel names into the kinds it reports.
 """
 
+from types import SimpleNamespace
+
 import harness
 import pytest
 import torch
+from harness.baselines import ObservedInductor, global_freezing
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,60 @@ def test_the_freezing_option_alone_is_reported_unfrozen(zoo):
     assert "was not frozen" in harness.not_frozen("inductor_freezing", summary)
     assert stats["graphs"][0]["param_inputs"] == 2
     assert stats["graphs"][0]["freezing_option"] is True
+
+
+def test_two_variants_with_equal_options_each_compile_and_record_their_own_graph():
+    """torch.compile's wrappers compare equal when their options do, and Dynamo then serves
+    one the other's cache entry: the observed backend compares by identity, so a second
+    variant with the same options compiles (and records) a graph of its own."""
+    model, x = Affine().eval(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    first, second = {}, {}
+    try:
+        fn1, _ = harness.inductor_variant("inductor", model, first)
+        fn2, _ = harness.inductor_variant("inductor", model, second)
+        with torch.no_grad():
+            torch.testing.assert_close(fn1(x), model(x))
+            torch.testing.assert_close(fn2(x), model(x))
+    finally:
+        torch._dynamo.reset()
+    assert len(first["graphs"]) == len(second["graphs"]) == 1
+
+
+def test_a_graph_with_parameters_among_its_inputs_is_not_frozen_whatever_the_flags(monkeypatch):
+    """The record's verdict on one graph, Inductor itself left out (its compile replaced by
+    the graph): the global flag and the option set, grad off, yet a parameter handed over
+    as an input is a graph that was not frozen."""
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__", lambda self, gm, inputs, **kw: gm)
+    gm = torch.fx.symbolic_trace(lambda x, w: x * w)
+    graphs = []
+    backend = ObservedInductor(None, {"freezing": True}, None, graphs)
+    with torch.no_grad(), global_freezing():
+        backend(gm, [torch.randn(3), torch.nn.Parameter(torch.randn(3))])
+        backend(gm, [torch.randn(3), torch.randn(3)])
+    assert [(g["param_inputs"], g["freezing_flag_at_trace"], g["frozen"]) for g in graphs] == \
+        [(1, True, False), (0, True, True)]
+
+
+def _graph(training=False, frozen=True, fallback=None):
+    return SimpleNamespace(training=training, frozen=frozen, fallback=fallback)
+
+
+def test_the_frozen_verdict_needs_every_inference_graph_frozen_and_at_least_one():
+    """Inductor variants: no graph compiled is no evidence of freezing. fxopt: every
+    inference graph frozen and none fallen back to plain Inductor (whose code is not
+    fxopt's); its training graphs are never frozen and do not count. Only the variants that
+    claim freezing (fxopt's among them) are called broken when not frozen."""
+    assert harness.frozen_summary("inductor_freezing", {"graphs": []})["frozen"] is False
+    verdict = {name: harness.frozen_summary("fxopt", {"reports": reports})["frozen"] for name, reports in {
+        "frozen": [_graph()], "with training": [_graph(), _graph(training=True, frozen=False)],
+        "fallen back": [_graph(fallback="InductorError: ...")], "not frozen": [_graph(frozen=False)],
+        "training only": [_graph(training=True, frozen=False)], "none": []}.items()}
+    assert verdict == {"frozen": True, "with training": True, "fallen back": False, "not frozen": False,
+                       "training only": False, "none": False}
+    assert "fxopt was not frozen" in harness.not_frozen("fxopt", {"frozen": False})
+    assert harness.not_frozen("fxopt", {"frozen": True}) is None
+    assert harness.not_frozen("inductor", {"frozen": False}) is None  # claims nothing
 
 
 @pytest.mark.parametrize(("name", "kind"), [

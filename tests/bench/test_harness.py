@@ -8,8 +8,10 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import harness
+import harness.timing
 import pytest
 import torch
 from harness.records import RESULTS
@@ -57,16 +59,26 @@ def test_alternate_interleaves_and_reverses_odd_rounds():
     assert samples == {"a": [1, 6, 7], "b": [2, 5, 8], "c": [3, 4, 9]}
 
 
+def test_alternate_returns_each_variants_samples_sorted():
+    calls = []
+    samples = harness.alternate({"a": "a", "b": "b"}, 3, lambda v: calls.append(v) or 10 - len(calls))
+    assert calls == list("ababab")
+    assert samples == {"a": [5, 7, 9], "b": [4, 6, 8]}
+
+
 def test_alternate_drops_a_failing_variant_and_says_why():
-    failed = {}
+    failed, tried = [], []
 
     def measure(v):
+        tried.append(v)
         if v == "bad":
             raise RuntimeError("capture failed")
         return 1.0
 
-    samples = harness.alternate({"ok": "ok", "bad": "bad"}, 2, measure, on_error=lambda k, e: failed.update({k: e}))
-    assert samples == {"ok": [1.0, 1.0]} and isinstance(failed["bad"], RuntimeError)
+    samples = harness.alternate({"ok": "ok", "bad": "bad"}, 3, measure, on_error=lambda k, e: failed.append((k, e)))
+    assert samples == {"ok": [1.0, 1.0, 1.0]}
+    assert tried == ["ok", "bad", "ok", "ok"]  # out of the race after its first failure
+    assert [k for k, _ in failed] == ["bad"] and isinstance(failed[0][1], RuntimeError)
     with pytest.raises(RuntimeError):
         harness.alternate({"bad": "bad"}, 1, measure)
 
@@ -87,6 +99,54 @@ def test_fresh_process_passes_its_environment_and_keeps_what_a_killed_child_wrot
                     "time.sleep(60)\n")
     row = harness.fresh_process(slow, [], timeout=5, env={"FXOPT_BENCH_V": "7"})
     assert row == {"v": "7", "error": "no result within 5 s"}
+
+
+def test_fresh_process_reports_a_child_that_wrote_and_then_failed_or_ran_out_of_time(tmp_path):
+    """A child that wrote its JSON and then exited non-zero is an error, not a row; one that
+    outlives the timeout is an error row, never an exception."""
+    crashed, slow = tmp_path / "crashed.py", tmp_path / "slow.py"
+    crashed.write_text("import json, sys\nopen(sys.argv[-1], 'w').write(json.dumps({'v': 1}))\n"
+                       "print('died after writing', file=sys.stderr)\nsys.exit(1)\n")
+    slow.write_text("import time\ntime.sleep(60)\n")
+    assert harness.fresh_process(crashed, [], timeout=60) == {"error": "exit 1: died after writing"}
+    assert harness.fresh_process(slow, [], timeout=1) == {"error": "no result within 1 s"}
+
+
+class _Clock:
+    """A ``perf_counter`` that moves only when the timed function says: each call of ``fn``
+    takes the next of ``durations`` (ms), so every timer's figure is known in advance."""
+
+    def __init__(self, durations_ms):
+        self.now, self.durations = 0.0, list(durations_ms)
+
+    def perf_counter(self):
+        return self.now
+
+    def fn(self):
+        self.now += self.durations.pop(0) / 1e3
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    def install(*durations_ms):
+        fake = _Clock(durations_ms)
+        monkeypatch.setattr(harness.timing, "time", SimpleNamespace(perf_counter=fake.perf_counter))
+        return fake
+    return install
+
+
+def test_cpu_timers_give_the_median_ms_per_call_and_leave_out_the_warmup(clock):
+    """On a CPU clock that advances by the durations given: milliseconds, per call, the
+    median (not the mean: one slow sample moves it), warmup calls run but not timed; each
+    timer calls the function exactly as often as its arguments say (no duration left over)."""
+    c = clock(1, 1, 9, 2, 1)  # call_ms: 5 timed calls, no warmup
+    assert harness.call_ms(c.fn, "cpu", reps=5) == pytest.approx(1.0) and not c.durations
+    c = clock(50, 50, 50, 1, 1, 2, 2, 9, 9)  # loop_ms: 3 warmup calls, 3 reps of 2 calls
+    assert harness.loop_ms(c.fn, "cpu", iters=2, reps=3, warmup=3) == pytest.approx(2.0) and not c.durations
+    c = clock(50, 50, 1, 2, 9)  # wall_ms: 2 warmup calls, 3 timed
+    assert harness.wall_ms(c.fn, "cpu", reps=3, warmup=2) == pytest.approx(2.0) and not c.durations
+    c = clock(1, 2, 9)  # host_ms: 3 timed calls
+    assert harness.host_ms(c.fn, "cpu", reps=3) == pytest.approx(2.0) and not c.durations
 
 
 def test_timers_on_the_cpu_give_positive_medians():

@@ -295,3 +295,86 @@ def test_fused_convs_leave_pointwise_convolutions_to_inductor_when_it_lowers_the
         assert not inductor_lowers_as_mm(pointwise, [2, 2], zero, one)  # strided: not a plain mm
     with torch._inductor.config.patch(conv_1x1_as_mm=False):
         assert not inductor_lowers_as_mm(pointwise, one, zero, one)
+
+
+def test_an_empty_pipeline_runs_no_torch_level_pass():
+    """``passes=[]`` is no pass, not the default pipeline: batch norm, dropout and the
+    parameter-only subexpression the defaults remove stay in the graph."""
+    model = ConvNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, passes=[], options={"reports": reports})
+    assert_equivalent(model, compiled, (torch.randn(2, 3, 8, 8),))
+    (graph,) = reports
+    assert graph.fallback is None and graph.frozen  # frozen all the same: freezing is no pass
+    for kept in ("batch_norm", "sigmoid"):
+        assert kept in graph.code, kept
+
+
+def test_the_users_inductor_options_win_over_the_backends_patches():
+    """``inductor={...}`` is applied last: a user who turns Inductor's freezing off or
+    installs their own post-grad pass gets what they asked for on every graph."""
+    from fxopt.compile.options import BackendOptions
+
+    def mine(graph):
+        return None
+
+    options = BackendOptions.parse({"inductor": {"freezing": False, "post_grad_custom_post_pass": mine},
+                                    "post_grad_post_passes": ["dce"]})
+    patches = options.inductor_patches(frozen=True, training=False)
+    assert patches["freezing"] is False and patches["post_grad_custom_post_pass"] is mine
+
+
+def test_frozen_weights_recompile_once_when_a_weight_is_written():
+    """Calls run the frozen graph on the kept inputs while the weights' versions are the
+    compiled ones; after an in-place write, the graph with weights as inputs is made once
+    and runs every later call on all the arguments."""
+    from fxopt.compile.freezing import FrozenWeights
+
+    weight = torch.randn(3)
+    calls = []
+
+    def frozen(*args):
+        calls.append(("frozen", len(args)))
+        return args[0] * 2
+
+    def unfrozen(args):
+        calls.append(("unfrozen", len(args)))
+        return lambda x, w: x * w
+
+    fn = FrozenWeights(frozen, [0], [weight], unfrozen)
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x, weight), x * 2)
+    with torch.no_grad():
+        weight.mul_(3)
+    for _ in range(3):
+        torch.testing.assert_close(fn(x, weight), x * weight)
+    assert calls == [("frozen", 1), ("unfrozen", 2)]
+
+
+def test_freezing_makes_unwritten_parameters_constants_with_their_values_recorded():
+    """``FreezeParameters`` on a graph as Dynamo hands it over (weights as inputs): the
+    parameter becomes a ``get_attr`` of that very Parameter carrying its traced value (the
+    shape passes read it), the written buffer stays an input, and the graph computes the same."""
+    from fxopt.compile.freezing import FreezeParameters, work_copy
+
+    weight, counter = nn.Parameter(torch.randn(4)), torch.zeros(4)
+    graph = torch.fx.Graph()
+    x, w, c = (graph.placeholder(n) for n in ("x", "w", "c"))
+    graph.output(graph.call_function(torch.mul, (graph.call_method("add_", (c, 1.0)), graph.call_function(
+        torch.mul, (x, w)))))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    for node, value in zip((x, w, c), (torch.randn(4), weight, counter), strict=True):
+        node.meta["example_value"] = mode.from_tensor(value)
+    work = work_copy(gm)
+    result = FreezeParameters([torch.randn(4), weight, counter]).run(work, None)
+    assert result.changed and result.stats["inputs_kept"] == [0, 2] and result.stats["frozen"] == ["w"]
+    (getter,) = work.graph.find_nodes(op="get_attr")
+    assert getattr(work, getter.target) is weight
+    assert getter.meta["val"].shape == weight.shape and getter.meta["val"].dtype == weight.dtype
+    work.recompile()
+    inputs = torch.randn(4)
+    want = (counter + 1) * (inputs * weight)
+    torch.testing.assert_close(work(inputs, counter.clone()), want.detach())

@@ -31,6 +31,16 @@ def test_unknown_options_are_named_at_fxopt_compile():
         fxopt.compile(_model(), passes=["csee"])
 
 
+def test_a_mode_given_both_as_argument_and_option_is_refused_at_fxopt_compile():
+    """The argument is the mode that runs: one the options also name was validated in its
+    place, and a bad argument failed at the first call instead."""
+    with pytest.raises(fxopt.PassOptionError, match="mode.*given both"):
+        fxopt.compile(_model(), options={"mode": "default"}, mode="no-such-mode")
+    with pytest.raises(fxopt.PassOptionError, match="mode.*given both"):
+        fxopt.compile(_model(), options={"mode": "max-autotune"}, mode="default")
+    assert callable(fxopt.compile(_model(), options={"mode": "max-autotune"}))
+
+
 def test_unknown_options_through_torch_compile_name_them():
     compiled = torch.compile(_model(), backend="fxopt", options={"bogus": 1})
     with pytest.raises(Exception) as info:

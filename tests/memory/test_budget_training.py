@@ -169,6 +169,13 @@ def test_memory_budget_must_be_a_fraction(budget):
         fxopt.compile(nn.Linear(2, 2), options={"memory_budget": budget})
 
 
+@pytest.mark.parametrize("budget", [1, 1.0, 0.25, 1e-3])
+def test_memory_budget_takes_any_fraction_up_to_one(budget):
+    from fxopt.compile.options import BackendOptions
+
+    assert BackendOptions.parse({"memory_budget": budget}).memory_budget == budget
+
+
 def test_memory_budget_and_a_partitioner_of_ones_own_are_not_both_taken():
     with pytest.raises(PassOptionError, match="memory_budget.*custom_partitioner_fn"):
         fxopt.compile(nn.Linear(2, 2), options={"memory_budget": 0.5,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 import fxopt.quant as fq
@@ -35,6 +36,40 @@ def test_dynamic_linear_any_leading_shape_and_rows_below_int_mm_minimum():
     xs = x.abs().amax(-1, keepdim=True) / 127
     expected = (torch.clamp(torch.round(x / xs), -127, 127) @ w.float().t()) * xs * s
     torch.testing.assert_close(ops.int8_dynamic_linear(x, w, s, None), expected, rtol=1e-5, atol=1e-5)
+
+
+def _per_token_product(x, w, s, bias):
+    """Independent of fxopt: x quantized symmetrically per row to int8, the exact product with
+    the int8 weight, both scales, the bias."""
+    xs = x.abs().amax(-1, keepdim=True) / 127
+    return (torch.clamp(torch.round(x / xs), -127, 127) @ w.float().t()) * xs * s + bias
+
+
+def test_int8_linear_quantizes_the_activation_from_dynamic_min_tokens_rows_on():
+    """``int8_linear``'s threshold counts the rows over every leading dim, and a call of
+    exactly ``dynamic_min_tokens`` rows takes the dynamic route: the activation quantized per
+    token (about 1/254 of each row's largest value off weight-only, far above the tolerance)."""
+    w, s, bias = torch.randint(-127, 128, (16, 64), dtype=torch.int8), torch.rand(16) / 100, torch.randn(16)
+    for lead in ((12,), (3, 4)):  # 12 rows
+        x = torch.randn(*lead, 64)
+        torch.testing.assert_close(ops.int8_linear(x, w, s, bias, 12), _per_token_product(x, w, s, bias),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ops.int8_linear(x, w, s, bias, 13), F.linear(x, w.float() * s[:, None], bias),
+                                   rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(_per_token_product(x, w, s, bias), F.linear(x, w.float() * s[:, None], bias),
+                                  rtol=1e-3, atol=1e-3)  # the two routes tell apart at this tolerance
+
+
+def test_the_opaque_int8_ops_fake_impls_and_registrations_agree_with_the_real_ones():
+    """``torch.library.opcheck``: the fake impl's outputs (shapes, dtypes, strides) are the
+    CPU impl's, the schema is honest about mutation and aliasing, and AOT dispatch with
+    dynamic shapes works; rows wider than ``PERSISTENT_ROW`` and a bias included."""
+    x = torch.randn(5, 2048)
+    torch.library.opcheck(ops.quantize_per_token.default, (x,))
+    xq = torch.randint(-127, 128, (5, 64), dtype=torch.int8)
+    w = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+    for bias, dtype in ((torch.randn(24), torch.float32), (None, torch.bfloat16)):
+        torch.library.opcheck(ops.int8_scaled_mm.default, (xq, w, torch.rand(5, 1), torch.rand(24), bias, dtype))
 
 
 class _MLP(nn.Module):

@@ -3,8 +3,11 @@
 A loop works only in the order the modules happen to be imported in, and breaks on
 another (an ImportError about a partly initialised module, or a name missing from it).
 The graph is read from the source with ``ast``, so every loop shows, not only the ones an
-import order trips over: imports at module level and inside functions both count (a lazy
-import only defers the loop); ``if TYPE_CHECKING:`` blocks do not (they never run).
+import order trips over: imports at module level, inside functions (a lazy import only
+defers the loop) and under ``if TYPE_CHECKING:`` (a loop for the type checker, and the
+sign of two modules that each need the other) all count. A lower module that must name a
+higher one's type declares the part it reads as a ``Protocol`` instead
+(``fxopt.profiling.diff.Profiled``, ``fxopt.patterns.matcher.RuleChecks``).
 ``patterns/`` installs as ``fxopt.patterns``, ``visualize/`` as ``fxopt.visualize``.
 
 The layers that matter most: the compile path (``fxopt.compile``) sits on top of the core
@@ -46,22 +49,16 @@ def source_modules() -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def imported_names(name: str, path: Path) -> list[str]:
+def imported_names(name: str, path: Path | None = None, source: str | None = None) -> list[str]:
     """The dotted names ``name``'s source imports (``from a import b`` gives ``a.b``, which
-    is the module ``a.b`` if there is one, else a name in ``a``)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    is the module ``a.b`` if there is one, else a name in ``a``): every import statement
+    anywhere in it, in functions and ``if TYPE_CHECKING:`` blocks too."""
+    is_package = path is not None and path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    if source is None:
+        source = path.read_text(encoding="utf-8")
     found: list[str] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(source, str(path or name))):
         if isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -70,10 +67,6 @@ def imported_names(name: str, path: Path) -> list[str]:
                 parent = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
             found.extend(f"{base}.{alias.name}" for alias in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     return found
 
 
@@ -101,16 +94,48 @@ def describe(graph: nx.DiGraph, loop: frozenset[str]) -> str:
     return "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
 
 
-def test_the_graph_sees_imports_at_every_level_but_not_type_checking_ones():
+def test_the_graph_sees_imports_at_every_level():
     graph = import_graph()
     assert len(graph) > 80
     assert graph.has_edge("fxopt.optimize", "fxopt.manager")  # module level
     assert graph.has_edge("fxopt.profiling.run", "fxopt.optimize")  # inside a function
     assert graph.has_edge("fxopt.visualize.report", "fxopt.visualize.figures")  # relative
     assert graph.has_edge("fxopt.patterns.stock", "fxopt.patterns.rules")  # patterns/ installed
-    assert not graph.has_edge("fxopt.optimize", "fxopt.profiling")  # under TYPE_CHECKING only
+    assert graph.has_edge("fxopt.optimize", "fxopt.profiling.result")  # under TYPE_CHECKING only
     assert graph.has_edge("fxopt.compile", "fxopt.compile.backend")  # a package's own function
     assert loops(nx.DiGraph([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])) == {frozenset("abc")}
+
+
+def test_imports_in_functions_and_type_checking_blocks_are_edges():
+    source = """
+import typing
+from typing import TYPE_CHECKING
+import fxopt.a
+if TYPE_CHECKING:
+    from fxopt.b import B
+if typing.TYPE_CHECKING:
+    import fxopt.c
+else:
+    import fxopt.d
+def f():
+    from . import e
+    class K:
+        def g(self):
+            from ..x import y
+"""
+    names = imported_names("fxopt.pkg.mod", source=source)
+    assert set(names) == {"typing", "typing.TYPE_CHECKING", "fxopt.a", "fxopt.b.B", "fxopt.c",
+                          "fxopt.d", "fxopt.pkg.e", "fxopt.x.y"}
+
+
+def test_the_type_only_loops_stay_one_way():
+    """``profiling.diff`` named ``Profile`` and ``patterns.matcher`` named ``Rule`` under
+    TYPE_CHECKING, each back to the module that imports it: both now read a Protocol."""
+    graph = import_graph()
+    assert graph.has_edge("fxopt.profiling.result", "fxopt.profiling.diff")  # Profile.diff calls it
+    assert not nx.has_path(graph, "fxopt.profiling.diff", "fxopt.profiling.result")
+    assert graph.has_edge("fxopt.patterns.rules", "fxopt.patterns.matcher")
+    assert not nx.has_path(graph, "fxopt.patterns.matcher", "fxopt.patterns.rules")
 
 
 #: the modules that make up the backend: what only the compile path may reach
