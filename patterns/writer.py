@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
@@ -21,8 +21,12 @@ from fxopt.patterns.pattern import CompiledReplacement, lookup_attr
 
 from fxopt.provenance import record_replacement
 
-if TYPE_CHECKING:
-    from fxopt.patterns.rules import Rule
+
+class NamedRule(Protocol):
+    """What the writer reads of a rule (:class:`fxopt.patterns.rules.Rule`): its name, and
+    its identity for ``made_by``. A protocol, since ``rules`` imports this module."""
+
+    name: str
 
 @dataclass
 class Rewrite:
@@ -49,7 +53,7 @@ class Writer:
         #: torch.fx's rule: an attribute the module already has wins over the replacement's
         self.keep_existing_attrs = keep_existing_attrs
         self.cache: dict[fx.Node, Canon | None] = {}
-        self.made_by: dict[fx.Node, Rule] = {}
+        self.made_by: dict[fx.Node, NamedRule] = {}
         self.erased: set[fx.Node] = set()
         self.getters: dict[str, fx.Node] = {}  # ParamRef target -> its get_attr node
         self.installed: dict[tuple[int, str], str] = {}  # (replacement root, target) -> name in gm
@@ -67,7 +71,7 @@ class Writer:
         self.erased.clear()
         self.getters.clear()
 
-    def rewrite(self, m: Match, r: Rule) -> list[fx.Node]:
+    def rewrite(self, m: Match, r: NamedRule) -> list[fx.Node]:
         """Inline ``r``'s replacement before the last matched node, reroute the outputs'
         users, erase the matched nodes; return the created nodes."""
         graph, at, rep, bindings = self.gm.graph, m.insert_at, m.replacement, m.bindings
