@@ -427,3 +427,19 @@ def test_an_output_already_in_the_fixed_layout_is_returned_without_a_copy(monkey
     q, k, v = (torch.randn(2, 4, n, 8) for n in (9, 11, 11))
     out = torch.ops.fxopt.sdpa(q, k, v, None, 0.0, False, None, False)
     assert (out is made[-1]) == (_strides(made[-1]) == _strides(out)) and torch.equal(out, made[-1])
+
+
+def test_backward_fake_returns_the_gradients_asked_for_and_nothing_else():
+    """The fake of ``sdpa_backward`` must declare exactly the gradients the real op returns
+    (q, k, v, and the mask only where ``needs`` asks for it): a bool mask has none."""
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    mask[..., 0] = True
+    for needs in ([True, True, True, False], [False, True, False, False]):
+        args = (torch.randn(2, 3, 5, 8), q, k, v, mask, 0.0, False, None, False, needs)
+        real = torch.ops.fxopt.sdpa_backward(*args)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.fxopt.sdpa_backward(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                                                   for a in args))
+        assert len(real) == len(fake) == sum(needs)
+        assert [(g.shape, g.stride()) for g in real] == [(f.shape, f.stride()) for f in fake]
