@@ -10,7 +10,7 @@ BERT-base's at batch 8 x 128/256/384 tokens; bf16, with bias), in ms:
 - ``op``: ``torch.ops.fxopt.linear_gelu``, the measured choice (named in ``choice``).
 
 Every figure is the median GPU time of one call, timed as the op times its candidates
-(``gemm_gelu.time_ms``: the stream sleeps while the host enqueues, so host launch costs are
+(``timing.time_ms``: the stream sleeps while the host enqueues, so host launch costs are
 not counted); ``op_loop`` and ``inductor_loop`` are back-to-back loops of calls, host
 included. ``err`` is each kernel's largest deviation from the fp32 computation on the same
 operands. Prints a table; the JSON goes to ``--out`` (default ``bench/results/<gpu>/gemm_gelu.json``).
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from harness import Record, call_ms, cli, loop_ms
 
 import fxopt.compile.fused_ops  # noqa: F401 - registers torch.ops.fxopt.linear_gelu
-from fxopt.compile import gemm_gelu
+from fxopt.compile import gemm_gelu, timing
 
 #: name -> (M, K, N)
 SHAPES = {
@@ -53,14 +53,14 @@ def max_error(y: torch.Tensor, expected: torch.Tensor) -> float:
 
 def measure(name: str, m: int, k: int, n: int, dtype: torch.dtype, reps: int, device: torch.device) -> dict[str, Any]:
     """One shape's row. On a GPU every figure is timed as the op times its candidates
-    (``gemm_gelu.time_ms``), so the op's choice and the table agree; on a CPU (``--smoke``)
+    (``timing.time_ms``), so the op's choice and the table agree; on a CPU (``--smoke``)
     by the harness, and the Triton configurations are not tried."""
     cuda = device.type == "cuda"
     x = torch.randn(m, k, device=device, dtype=dtype)
     w = (torch.randn(n, k, device=device) / k**0.5).to(dtype)
     b = torch.randn(n, device=device, dtype=dtype)
     expected = F.gelu(F.linear(x.float(), w.float(), b.float()))
-    gpu = (lambda fn: gemm_gelu.time_ms(fn, device, reps)) if cuda else (lambda fn: call_ms(fn, "cpu"))  # noqa: E731
+    gpu = (lambda fn: timing.time_ms(fn, device, reps)) if cuda else (lambda fn: call_ms(fn, "cpu"))  # noqa: E731
     row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "dtype": str(dtype).removeprefix("torch.")}
 
     row["eager"] = gpu(lambda: gemm_gelu.reference(x, w, b))
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shapes = dict([SMOKE_SHAPE]) if args.smoke else {name: SHAPES[name] for name in args.shapes.split(",")}
     dtype = torch.float32 if args.smoke else getattr(torch, args.dtype)
     record = Record("gemm_gelu", args, device.type,
-                    note="ms: median GPU time per call (gemm_gelu.time_ms); *_loop: back-to-back loops, host included")
+                    note="ms: median GPU time per call (fxopt.compile.timing.time_ms); *_loop: back-to-back loops, host included")
     t0 = time.perf_counter()
     for name, (m, k, n) in shapes.items():
         record.add(measure(name, m, k, n, dtype, args.reps, device))

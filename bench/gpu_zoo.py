@@ -427,6 +427,10 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
             entry["frozen_inputs"] = sum(len(g.frozen) for g in graphs)
             entry["changed_passes"] = sorted({r.name for g in graphs if g.report
                                               for _, r in g.report.walk() if r.changed and not r.children})
+            # what each of them did (the convolutions a timed choice widened, say): a run that
+            # decided otherwise than the last shows here, not only in its time
+            entry["pass_stats"] = {r.name: r.stats for g in graphs if g.report
+                                   for _, r in g.report.walk() if r.changed and not r.children}
         problem = not_frozen(variant, entry)
         if problem:
             row.setdefault("harness_problems", []).append(problem)

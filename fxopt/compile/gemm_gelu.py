@@ -30,7 +30,6 @@ Triton is imported on the first CUDA use only (``_kernel``), never by ``import f
 from __future__ import annotations
 
 import functools
-import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from fxopt.compile.timing import time_ms
 
 #: the activation dtypes the kernel takes; others run the reference
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -204,28 +205,6 @@ def _decide(x: Tensor, weight: Tensor, bias: Tensor | None, reps: int = 7,
         if ms < best_ms:
             best, best_ms = choice, ms
     return Decision(best, timings)
-
-
-#: GPU cycles to sleep per timed run before the batch: ~100 us at H100 clocks, more than the
-#: host needs to enqueue one run (a Triton launch, a compiled function's guards), so the
-#: events time the GPU alone
-_SLEEP_CYCLES_PER_RUN = 200_000
-
-
-def time_ms(launch: Callable[[], Any], device: torch.device, reps: int) -> float:
-    """Median GPU time of ``launch()`` in ms, over ``reps`` runs after one warm-up (which
-    compiles). The stream first sleeps on the GPU while the host enqueues every run, so a
-    launcher slower on the host (Triton's Python launcher against cuBLAS's) is not charged
-    for it: in a model the GPU is busy with earlier work while the host launches."""
-    launch()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda._sleep(_SLEEP_CYCLES_PER_RUN * reps)
-    for start, end in events:
-        start.record()
-        launch()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 # --- the kernel ----------------------------------------------------------------------------
