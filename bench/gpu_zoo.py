@@ -429,7 +429,9 @@ def run_model(row: dict[str, Any], args: argparse.Namespace, cache_root: str, sa
                                               for _, r in g.report.walk() if r.changed and not r.children})
             # what each of them did (the convolutions a timed choice widened, say): a run that
             # decided otherwise than the last shows here, not only in its time
-            entry["pass_stats"] = {r.name: r.stats for g in graphs if g.report
+            # (its counts: the lists of matches and names are the report's, not the row's)
+            entry["pass_stats"] = {r.name: {k: v for k, v in r.stats.items() if isinstance(v, int | float | str)}
+                                   for g in graphs if g.report
                                    for _, r in g.report.walk() if r.changed and not r.children}
         problem = not_frozen(variant, entry)
         if problem:
