@@ -12,6 +12,7 @@ forms and times a CUDA-graph replay of one launch, which the host issues as one 
 from __future__ import annotations
 
 import statistics
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,3 +56,39 @@ def replay_time_ms(launch: Callable[[], Any], device: torch.device, reps: int) -
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         launch()
     return time_ms(graph.replay, device, reps)
+
+
+Timer = Callable[[Callable[[], Any], torch.device, int], float]
+
+
+class Choices:
+    """Choices made by timing, each the first time its key is asked, kept for the process.
+
+    A key names what the choice holds for (the GPU by name, so that it holds for every GPU of
+    the kind, and the shapes); the candidates are timed in alternating rounds and each keeps
+    its best round, so that a drift of the GPU's clock while a graph compiles hits all alike.
+    Thread-safe: a racing thread's choice stands, and nothing process-wide is changed."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    def made(self) -> dict[tuple, str]:
+        """Every choice made so far, by key: a copy."""
+        with self._lock:
+            return dict(self._made)
+
+    def choose(self, key: tuple, candidates: dict[str, Callable[[], Any]], device: torch.device,
+               timer: Timer = replay_time_ms, reps: int = 10, rounds: int = 3) -> str:
+        """The name of the fastest candidate for ``key`` (the first named wins a tie)."""
+        with self._lock:
+            known = self._made.get(key)
+        if known is not None:
+            return known
+        best = {name: float("inf") for name in candidates}
+        for _ in range(rounds):
+            for name, launch in candidates.items():
+                best[name] = min(best[name], timer(launch, device, reps))
+        fastest = min(best, key=best.__getitem__)
+        with self._lock:
+            return self._made.setdefault(key, fastest)

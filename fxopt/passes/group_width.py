@@ -34,8 +34,6 @@ depthwise convolutions (one channel per group: 32 times the work).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -44,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fxopt.analysis.shapes import record_value
-from fxopt.compile.timing import replay_time_ms
+from fxopt.compile.timing import Choices, Timer, replay_time_ms
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, PassResult
 from fxopt.passes.layout import ConstantConvWeightPass
@@ -65,16 +63,13 @@ def _targets() -> set[Any]:
     fused = torch.ops.fxopt.conv_bias_relu
     return _PLAIN_TARGETS | {fused, fused.default}
 
-_DECISIONS: dict[tuple, bool] = {}
-_LOCK = threading.Lock()
 
-Timer = Callable[[Callable[[], Any], torch.device, int], float]
+_CHOICES = Choices()
 
 
 def decisions() -> dict[tuple, bool]:
-    """Every decision made in this process, by :func:`decision_key`: a copy."""
-    with _LOCK:
-        return dict(_DECISIONS)
+    """Every decision made in this process, by :func:`decision_key`: whether to pad."""
+    return {key: made == "padded" for key, made in _CHOICES.made().items()}
 
 
 def padded_width(width: int, multiple: int) -> int:
@@ -100,22 +95,6 @@ def decision_key(x: Tensor, weight: Tensor, stride: Any, padding: Any, dilation:
     machine = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else x.device.type
     return (machine, tuple(x.shape), tuple(weight.shape), x.dtype,
             str(stride), str(padding), str(dilation), multiple)
-
-
-def padding_pays(key: tuple, plain: Callable[[], Any], padded: Callable[[], Any], device: torch.device,
-                 timer: Timer = replay_time_ms, reps: int = 10, rounds: int = 3) -> bool:
-    """Whether ``padded`` ran faster than ``plain`` here, timed the first time ``key`` is
-    asked and kept for the process (a racing thread's decision stands). The two are timed
-    in alternating rounds and each keeps its best round, so that a drift of the GPU's clock
-    while a graph compiles hits both alike."""
-    with _LOCK:
-        known = _DECISIONS.get(key)
-    if known is not None:
-        return known
-    times = [(timer(padded, device, reps), timer(plain, device, reps)) for _ in range(rounds)]
-    pays = min(p for p, _ in times) < min(q for _, q in times)
-    with _LOCK:
-        return _DECISIONS.setdefault(key, pays)
 
 
 def _traced(node: Any) -> Any:
@@ -191,8 +170,8 @@ class PadGroupWidth(ConstantConvWeightPass):
             y = F.conv2d(x_wide, w_wide, None, stride, padding, dilation, groups)
             return cut_groups(y, groups, value.shape[1]).contiguous(memory_format=_CL)
 
-        with torch.no_grad():
-            return padding_pays(key, plain, padded, value.device, self.timer)
+        with torch.no_grad():  # the plain form wins a tie
+            return _CHOICES.choose(key, {"plain": plain, "padded": padded}, value.device, self.timer) == "padded"
 
     def _rewrite(self, gm: fx.GraphModule, conv: fx.Node, weight: fx.Node, value: Tensor, groups: int, wide: int,
                  x_val: Tensor, bias: Tensor | None) -> None:

@@ -116,7 +116,7 @@ def test_the_decision_is_the_faster_best_round_timed_once_per_gpu_and_shape():
 
     # alternating rounds; the padded form's one fast round beats the plain form's best
     assert run(3, {"padded": [5.0, 1.0, 5.0], "plain": [2.0, 2.0, 2.0]}) == 32
-    assert timed == ["padded", "plain"] * 3
+    assert timed == ["plain", "padded"] * 3
     assert run(3, {"padded": [9.0] * 3, "plain": [1.0] * 3}) == 32 and len(timed) == 6  # kept, not timed again
     assert run(5, {"padded": [2.0, 1.5, 3.0], "plain": [9.0, 1.4, 9.0]}) == 24 and len(timed) == 12  # another shape
     assert {k[1][0]: v for k, v in decisions().items() if k[0] == "cpu" and k[2] == (48, 24, 3, 3)} == {3: True,
