@@ -35,7 +35,6 @@ BUILTIN_PASSES: dict[str, str] = {
     "channels_last_weights": "fxopt.passes.layout",
     "pad_conv_channels": "fxopt.passes.layout",
     "pad_group_width": "fxopt.passes.group_width",
-    "triton_depthwise": "fxopt.passes.depthwise",
     "defer_sdpa_choice": "fxopt.compile.attention",
     "plan_memory": "fxopt.memory.plan",
     "insert_observers": "fxopt.quant.passes",

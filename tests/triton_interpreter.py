@@ -22,7 +22,7 @@ import pytest
 
 #: the modules run in the interpreter, relative to the repository root
 MODULES = ["tests/quant/test_int8_mm.py", "tests/quant/test_triton_kernels.py",
-           "tests/patterns/test_gemm_gelu_interpreter.py", "tests/compile/test_depthwise_interpreter.py"]
+           "tests/patterns/test_gemm_gelu_interpreter.py"]
 
 
 def _version(text: str) -> tuple[int, int]:

@@ -58,7 +58,6 @@ from fxopt.compile.training import PlainOutputs, fresh_outputs, inductor_skips, 
 from fxopt.compile.training import refusal as training_refusal
 from fxopt.errors import FxoptError, PassError
 from fxopt.manager import PassManager, VerifyEach
-from fxopt.passes.depthwise import TritonDepthwise
 from fxopt.passes.group_width import PadGroupWidth
 from fxopt.passes.layout import ChannelsLastWeights, PadConvChannels
 from fxopt.pipeline import resolve
@@ -121,7 +120,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any], opts: BackendO
         passes = resolve(opts.pipeline("passes") or [])
         constant = bool(frozen) or (opts.freeze and traced_frozen(work, training))
         if constant:  # constant weights: lay convolutions out for cuDNN's tensor cores
-            passes += [PadConvChannels(), PadGroupWidth(), TritonDepthwise(), ChannelsLastWeights()]
+            passes += [PadConvChannels(), PadGroupWidth(), ChannelsLastWeights()]
         if not training or opts.sdpa_in_training:  # Inductor cannot choose a fused kernel for symbolic sizes
             passes.append(DeferSdpaChoice())
         report = PassManager(passes, hooks=hooks).run(work, training=training)
