@@ -443,3 +443,47 @@ def test_backward_fake_returns_the_gradients_asked_for_and_nothing_else():
                                                    for a in args))
         assert len(real) == len(fake) == sum(needs)
         assert [(g.shape, g.stride()) for g in real] == [(f.shape, f.stride()) for f in fake]
+
+
+def test_one_symbolic_input_is_enough_static_queries_over_a_symbolic_memory():
+    """Cross-attention: the queries' sizes are static, the keys' and values' length symbolic
+    (an encoder memory of varying length): the graph still falls back to the math path, so
+    the call is replaced."""
+    def cross(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    compiled, reports = _compile(cross)
+    with torch.no_grad():
+        for length in (5, 12, 7):
+            q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, length, 8), torch.randn(2, 4, length, 8)
+            torch._dynamo.mark_static(q)
+            torch._dynamo.mark_dynamic(k, 2)
+            torch._dynamo.mark_dynamic(v, 2)
+            torch.testing.assert_close(compiled(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    assert _replaced(reports) == [1]
+
+
+def test_the_new_node_records_the_ops_value_in_its_fixed_layout():
+    """Passes after this one (and the backend's checks) read ``meta['val']``: the op's node
+    carries the fake implementation's value, shape and strides, symbolic sizes included."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+
+    q, k, v = (torch.randn(3, 4, 7, 8) for _ in range(3))
+    torch.compile(attend, backend=capture, dynamic=True)(q, k, v, torch.rand(3, 1, 7, 7) > 0.3)
+    (gm,) = graphs
+    old = next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+    want = old.meta["example_value"]
+    out = fxopt.optimize(gm, passes=["defer_sdpa_choice"])
+    (new,) = [n for n in out.graph.nodes if n.target is torch.ops.fxopt.sdpa.default]
+    value = new.meta["val"]
+    shape, strides = attention._output_layout(want, want)
+    assert tuple(value.shape) == tuple(want.shape) == tuple(shape)
+    assert tuple(value.stride()) == tuple(strides)
+    assert any(not isinstance(n, int) for n in value.shape)  # the symbolic length kept
