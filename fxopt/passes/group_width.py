@@ -28,18 +28,21 @@ launches instead, two H200 runs of the same commit ran regnet at 4.08 and 2.41 m
 the first had kept most convolutions as they were (4.08 ms is the unpadded graph's time).
 The likely cause: while Inductor's workers keep the host busy, the padded form's several
 ops are charged the host's gaps between them, which the compiled, replayed model does not
-have. Graphs with a symbolic size are left alone (there is no one shape to time), as are
-depthwise convolutions (one channel per group: 32 times the work).
+have. A graph compiled for varying batch sizes is rewritten as well, timed at the batch it
+was traced with (padding channels holds for every batch); a symbolic channel or spatial size
+is left alone, as are depthwise convolutions (one channel per group: 32 times the work).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dispatch.python import enable_python_dispatcher
 
 from fxopt.analysis.shapes import record_value
 from fxopt.compile.timing import Choices, Timer, replay_time_ms
@@ -97,6 +100,30 @@ def decision_key(x: Tensor, weight: Tensor, stride: Any, padding: Any, dilation:
             str(stride), str(padding), str(dilation), multiple)
 
 
+def timing_shape(x: Tensor) -> tuple[int, ...] | None:
+    """The sizes to time a convolution of input ``x`` at: its own, where a graph compiled for
+    varying batch sizes has a symbolic batch, the size it was traced with (the symbol's hint:
+    the rewrite itself holds for every batch, as it pads and cuts channels only). None where
+    a channel or spatial size is symbolic, or the batch has no hint."""
+    batch, *rest = x.shape
+    if not all(isinstance(n, int) for n in rest):
+        return None
+    if not isinstance(batch, int):
+        batch = getattr(getattr(batch, "node", None), "hint", None)
+    return None if batch is None else (int(batch), *rest)
+
+
+def _fake_call(fn: Callable, args: Any, kwargs: Any) -> Any:
+    """``fn`` on recorded values, under their own fake mode and the Python dispatcher, as
+    Dynamo runs them: otherwise a C++ kernel that reads sizes as ints (``F.pad``'s) gets
+    the traced batch and pins a symbolic one to it. Both contexts are thread-local."""
+    mode = getattr(args[0], "fake_mode", None)
+    if mode is None:
+        return fn(*args, **kwargs)
+    with mode, enable_python_dispatcher():
+        return fn(*args, **kwargs)
+
+
 def _traced(node: Any) -> Any:
     return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, fx.Node) else None
 
@@ -135,7 +162,7 @@ class PadGroupWidth(ConstantConvWeightPass):
         if conv.target in (torch.convolution, torch.ops.aten.convolution.default) and conv.args[6:7] != (False,):
             return None  # transposed, or given by keyword
         x_val = _traced(conv.args[0])
-        if not (isinstance(x_val, Tensor) and x_val.dim() == 4 and all(isinstance(n, int) for n in x_val.shape)):
+        if not (isinstance(x_val, Tensor) and x_val.dim() == 4 and timing_shape(x_val) is not None):
             return None
         width, out = value.shape[1], value.shape[0]
         groups = x_val.shape[1] // width
@@ -158,7 +185,7 @@ class PadGroupWidth(ConstantConvWeightPass):
         if value.is_cuda and torch.cuda.is_current_stream_capturing():
             return False  # timing would break the caller's capture: the graph stays as it is
         stride, padding, dilation = (a if a is not None else d for a, d in zip(self._conv_args(conv), (1, 0, 1)))
-        x = torch.randn(x_val.shape, device=value.device, dtype=value.dtype).contiguous(memory_format=_CL)
+        x = torch.randn(timing_shape(x_val), device=value.device, dtype=value.dtype).contiguous(memory_format=_CL)
         w_wide = pad_groups(pad_groups(value, groups, wide, 0), 1, wide, 1).contiguous(memory_format=_CL)
         key = decision_key(x, value, stride, padding, dilation, self.options["multiple"])
 
@@ -186,7 +213,7 @@ class PadGroupWidth(ConstantConvWeightPass):
             values, kw_values = fx.map_arg((args, kwargs), _traced)
             if isinstance(values[0], Tensor):
                 fn = getattr(torch.Tensor, target) if isinstance(target, str) else target
-                record_value(node, fn(*values, **kw_values))
+                record_value(node, _fake_call(fn, values, kw_values))
             made.append(node)
             return node
 
@@ -217,7 +244,8 @@ class PadGroupWidth(ConstantConvWeightPass):
         out_val = _traced(conv)
         conv.args = (x_wide, new_weight, new_bias, *conv.args[3:])
         if isinstance(out_val, Tensor):
-            record_value(conv, pad_groups(out_val, groups, wide, 1).contiguous(memory_format=_CL))
+            record_value(conv, _fake_call(lambda v: pad_groups(v, groups, wide, 1).contiguous(memory_format=_CL),
+                                          [out_val], {}))
         users = list(conv.users)
         with graph.inserting_before(conv.next):  # after conv, in order
             cut = regroup(conv, wide, width)

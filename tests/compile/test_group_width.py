@@ -1,5 +1,7 @@
 """``pad_group_width``: grouped convolutions widened per group with zeros, where timing says so."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -79,6 +81,31 @@ def test_the_rewritten_graph_holds_only_ops_the_replay_knows_to_be_pure():
                                                                             torch.narrow, F.pad}
 
 
+def test_a_graph_compiled_for_varying_batch_sizes_is_padded_and_right_at_every_batch():
+    """Through ``backend="fxopt"`` with a symbolic batch (``mark_dynamic``): the pass times
+    at the traced batch and the padded graph computes the model at other batches too."""
+    torch._dynamo.reset()
+    model = RegNetBlock(width=20).eval()  # a shape of its own: decisions are per process
+    reports, timed = [], []
+
+    def timer(fn, device, reps):
+        timed.append(fn.__name__)
+        return {"padded": 1.0, "plain": 2.0}[fn.__name__]
+
+    pass_ = PadGroupWidth(timer=timer, device="cpu", dtypes="all")
+    compiled = torch.compile(model, backend="fxopt", options={"passes": [pass_], "reports": reports})
+    with torch.no_grad():
+        for batch in (4, 7, 2):
+            x = torch.randn(batch, 16, 8, 8)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    (graph,) = reports  # one graph for every batch
+    # the backend's own pad_group_width (for CUDA weights) ran too and changed nothing
+    (record,) = [r for _, r in graph.report.walk() if r.name == "pad_group_width" and r.changed]
+    assert record.stats == {"convolutions": 1} and timed == ["plain", "padded"] * 3
+    assert any(k[0] == "cpu" and k[1] == (4, 40, 8, 8) for k in decisions())  # timed at the traced batch
+
+
 def test_convolutions_it_cannot_or_need_not_widen_are_left_alone():
     x = torch.randn(2, 16, 8, 8)
     for model in (RegNetBlock(groups=2, width=32),  # aligned already
@@ -141,3 +168,25 @@ def test_gpu_bf16_padded_grouped_convolutions_match_eager_through_the_backend():
         for fn in (forced, compiled):
             err = ((fn(x).float() - want).norm() / want.norm()).item()
             assert err <= 2 * eager_err + 1e-3, (err, eager_err)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_padded_convolutions_with_a_symbolic_batch_match_eager_at_every_batch():
+    """On CUDA (bf16, channels-last), ``backend="fxopt"`` with the batch marked dynamic: the
+    padded graph (forced: timing is another test's) serves batches 8, 3 and 16 as eager does."""
+    torch._dynamo.reset()
+    model = RegNetBlock().cuda().eval().to(torch.bfloat16).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(model).float()
+    reports = []
+    compiled = torch.compile(model, backend="fxopt", options={
+        "passes": [PadGroupWidth(decide="always")], "reports": reports})
+    with torch.no_grad():
+        for batch in (8, 3, 16):
+            x = torch.randn(batch, 16, 28, 28, device="cuda", dtype=torch.bfloat16).to(
+                memory_format=torch.channels_last)
+            torch._dynamo.mark_dynamic(x, 0)
+            want = reference(x.float())
+            eager_err = ((model(x).float() - want).norm() / want.norm()).item()
+            err = ((compiled(x).float() - want).norm() / want.norm()).item()
+            assert err <= 2 * eager_err + 1e-3, (batch, err, eager_err)
+    assert len(reports) == 1 and any(r.name == "pad_group_width" and r.changed for _, r in reports[0].report.walk())
