@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.ops import mutated_inputs, unseen_aliases
 from fxopt.analysis.registry import register_analysis
-from fxopt.analysis.shapes import call_module_on_copies
+from fxopt.analysis.shapes import call_module_on_copies, symbolic_dispatch
 
 
 def traced_value(node: fx.Node) -> Any:
@@ -184,9 +184,8 @@ def saved_for_backward(gm: fx.GraphModule, ctx: Any) -> dict[tuple[fx.Node, int]
     recorder = _SavedTensorRecorder(gm, mode)
     inputs = [p.meta.get("val") for p in placeholders]
     try:
-        with fake_mode_lock(mode), mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
-            recorder._pack, lambda t: t
-        ):
+        with fake_mode_lock(mode), mode, torch.enable_grad(), symbolic_dispatch(inputs), \
+                torch.autograd.graph.saved_tensors_hooks(recorder._pack, lambda t: t):
             recorder.run(*inputs, enable_io_processing=False)
     except Exception:
         return None

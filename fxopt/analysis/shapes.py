@@ -21,6 +21,7 @@ whole graph: no graph mixes the two kinds of value.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -39,6 +42,18 @@ from fxopt.analysis.fake_lock import fake_mode_lock
 from fxopt.analysis.registry import register_analysis
 from fxopt.analysis.shape_rules import Env, NoRule, evaluate, has_rule, meta_copy
 from fxopt.errors import AnalysisError, MissingFakeImplError
+
+
+def symbolic_dispatch(values: Any) -> contextlib.AbstractContextManager:
+    """The Python dispatcher where ``values`` hold a tensor with a symbolic size, else
+    nothing. Fake tensors run an op's C++ kernel unless the Python dispatcher is on, and a
+    kernel that reads sizes as ints (``F.pad``'s) turns each symbolic size into a guard on
+    its traced value: Dynamo then compiled the graph again for every batch size. Dynamo and
+    AOTAutograd trace with it on; it is thread-local."""
+    if any(isinstance(t, torch.Tensor) and not all(isinstance(n, int) for n in t.shape)
+           for t in pytree.tree_leaves(values)):
+        return enable_python_dispatcher()
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -262,7 +277,7 @@ def propagate_shapes(gm: fx.GraphModule, ctx: Any) -> FakeTensorMode | None:
                 state.keep(fake)
     propagator = _FakePropagator(gm, state)
     try:
-        with fake_mode_lock(mode), mode, torch.no_grad():
+        with fake_mode_lock(mode), mode, torch.no_grad(), symbolic_dispatch(fake_inputs):
             propagator.run(*fake_inputs, enable_io_processing=False)
     finally:  # a run that failed half-way may have changed a kept fake (x.unsqueeze_) all the same
         if hasattr(ctx, "fake_state"):

@@ -35,6 +35,7 @@ is left alone, as are depthwise convolutions (one channel per group: 32 times th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -42,9 +43,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor
-from torch._dispatch.python import enable_python_dispatcher
 
-from fxopt.analysis.shapes import record_value
+from fxopt.analysis.shapes import record_value, symbolic_dispatch
 from fxopt.compile.timing import Choices, Timer, replay_time_ms
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, PassResult
@@ -114,13 +114,11 @@ def timing_shape(x: Tensor) -> tuple[int, ...] | None:
 
 
 def _fake_call(fn: Callable, args: Any, kwargs: Any) -> Any:
-    """``fn`` on recorded values, under their own fake mode and the Python dispatcher, as
-    Dynamo runs them: otherwise a C++ kernel that reads sizes as ints (``F.pad``'s) gets
-    the traced batch and pins a symbolic one to it. Both contexts are thread-local."""
+    """``fn`` on recorded values, under their own fake mode (if any) and, where a size is
+    symbolic, the Python dispatcher, as Dynamo runs them
+    (:func:`fxopt.analysis.shapes.symbolic_dispatch`)."""
     mode = getattr(args[0], "fake_mode", None)
-    if mode is None:
-        return fn(*args, **kwargs)
-    with mode, enable_python_dispatcher():
+    with mode or contextlib.nullcontext(), symbolic_dispatch(args):
         return fn(*args, **kwargs)
 
 

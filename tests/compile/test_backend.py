@@ -164,6 +164,30 @@ def test_dynamic_shapes_one_graph_serves_every_batch_size():
     assert re.search(r"def forward\(self, s\d+ : torch.SymInt", reports[0].code)  # batch size
 
 
+class PaddedNet(nn.Module):
+    """A pad before a convolution: ``F.pad``'s C++ kernel reads sizes as ints."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, [1, 1, 1, 1])).relu() + 1
+
+
+def test_ops_whose_kernels_read_sizes_as_ints_do_not_pin_the_batch():
+    """fxopt's fake runs used to call ``F.pad``'s C++ kernel on a symbolic batch, which
+    guarded the batch to its traced value: Dynamo compiled a graph for every batch size
+    (4 for 4 sizes, where plain Inductor compiles 2: the first static, then one dynamic)."""
+    model = PaddedNet().eval()
+    reports = []
+    compiled = fxopt.compile(model, options={"reports": reports})
+    for batch in (2, 5, 3, 7):
+        assert_equivalent(model, compiled, (torch.randn(batch, 2, 6, 6),))
+    assert len(reports) == 2 and all(r.fallback is None for r in reports)
+    assert re.search(r"def forward\(self, s\d+ : torch.SymInt", reports[1].code)  # the batch, symbolic
+
+
 def bake_sizes(gm):
     """Replaces symbolic sizes by their current values: int() of a SymInt makes Dynamo
     guard on that value, so the baked graph is only ever used where it is right."""
