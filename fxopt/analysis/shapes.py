@@ -56,6 +56,15 @@ def symbolic_dispatch(values: Any) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def fake_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn`` on recorded values (a pass computing the value of a node it adds), under the
+    first fake value's own mode, if any, and :func:`symbolic_dispatch`: called on fake
+    values from outside, an op whose kernel reads sizes as ints pins a symbolic batch."""
+    mode = next((t.fake_mode for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)), None)
+    with mode or contextlib.nullcontext(), symbolic_dispatch((args, kwargs)):
+        return fn(*args, **kwargs)
+
+
 @dataclass
 class FakeState:
     """The fake mode every shape propagation of one run uses, and the fake tensors it made

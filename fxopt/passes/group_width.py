@@ -35,8 +35,6 @@ is left alone, as are depthwise convolutions (one channel per group: 32 times th
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -44,7 +42,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor
 
-from fxopt.analysis.shapes import record_value, symbolic_dispatch
+from fxopt.analysis.shapes import fake_call, record_value
 from fxopt.compile.timing import Choices, Timer, replay_time_ms
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, PassResult
@@ -111,15 +109,6 @@ def timing_shape(x: Tensor) -> tuple[int, ...] | None:
     if not isinstance(batch, int):
         batch = getattr(getattr(batch, "node", None), "hint", None)
     return None if batch is None else (int(batch), *rest)
-
-
-def _fake_call(fn: Callable, args: Any, kwargs: Any) -> Any:
-    """``fn`` on recorded values, under their own fake mode (if any) and, where a size is
-    symbolic, the Python dispatcher, as Dynamo runs them
-    (:func:`fxopt.analysis.shapes.symbolic_dispatch`)."""
-    mode = getattr(args[0], "fake_mode", None)
-    with mode or contextlib.nullcontext(), symbolic_dispatch(args):
-        return fn(*args, **kwargs)
 
 
 def _traced(node: Any) -> Any:
@@ -211,7 +200,7 @@ class PadGroupWidth(ConstantConvWeightPass):
             values, kw_values = fx.map_arg((args, kwargs), _traced)
             if isinstance(values[0], Tensor):
                 fn = getattr(torch.Tensor, target) if isinstance(target, str) else target
-                record_value(node, _fake_call(fn, values, kw_values))
+                record_value(node, fake_call(fn, *values, **kw_values))
             made.append(node)
             return node
 
@@ -242,8 +231,8 @@ class PadGroupWidth(ConstantConvWeightPass):
         out_val = _traced(conv)
         conv.args = (x_wide, new_weight, new_bias, *conv.args[3:])
         if isinstance(out_val, Tensor):
-            record_value(conv, _fake_call(lambda v: pad_groups(v, groups, wide, 1).contiguous(memory_format=_CL),
-                                          [out_val], {}))
+            record_value(conv, fake_call(lambda v: pad_groups(v, groups, wide, 1).contiguous(memory_format=_CL),
+                                         out_val))
         users = list(conv.users)
         with graph.inserting_before(conv.next):  # after conv, in order
             cut = regroup(conv, wide, width)

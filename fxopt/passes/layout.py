@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxopt.analysis.shapes import record_value
+from fxopt.analysis.shapes import fake_call, record_value
 from fxopt.graph_utils import fetch_attr, fresh_attr_name
 from fxopt.pass_protocol import Option, Pass, PassResult
 from fxopt.provenance import record_replacement
@@ -131,7 +131,7 @@ class PadConvChannels(ConstantConvWeightPass):
                 wide_cl = graph.call_method("contiguous", (wide,), {"memory_format": torch.channels_last})
             if isinstance(weight.meta.get("val"), torch.Tensor):
                 record_value(new_weight, F.pad(weight.meta["val"], extra).contiguous(memory_format=torch.channels_last))
-            record_value(wide, F.pad(x_val, extra))
+            record_value(wide, fake_call(F.pad, x_val, extra))  # a symbolic batch stays symbolic
             record_value(wide_cl, wide.meta["val"].contiguous(memory_format=torch.channels_last))
             conv.args = (wide_cl, new_weight, *conv.args[2:])
             for node in (new_weight, wide, wide_cl):

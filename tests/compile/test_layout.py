@@ -91,3 +91,21 @@ def test_large_stems_are_left_unpadded_by_default():
                          example_inputs=(x,))
     assert [tuple(w.shape[:2]) for w in _conv_weights(out)] == [(8, 3), (8, 2), (4, 8)]
     torch.testing.assert_close(out(x), model(x))
+
+
+def test_a_padded_stem_keeps_a_symbolic_batch_symbolic():
+    """Through ``backend="fxopt"`` at four batch sizes: the stem's pad is recorded under the
+    Python dispatcher, so the batch stays symbolic and Dynamo compiles what it compiles
+    without fxopt (the first size static, then one dynamic graph). Recorded from outside it,
+    ``F.pad``'s kernel read the batch as an int: 4 graphs for 4 sizes."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    reports = []
+    compiled = torch.compile(model, backend="fxopt", options={
+        "passes": ["pad_conv_channels{device=cpu,dtypes=all}"], "reports": reports})
+    with torch.no_grad():
+        for batch in (2, 5, 3, 7):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert len(reports) == 2
+    assert all(any(r.name == "pad_conv_channels" and r.changed for _, r in g.report.walk()) for g in reports)
