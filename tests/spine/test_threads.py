@@ -521,3 +521,34 @@ def test_building_a_model_neither_seeds_nor_depends_on_the_global_generator(buil
     assert not torch.equal(state_after_first, torch.get_rng_state())
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_the_python_dispatcher_of_a_symbolic_fake_run_is_not_seen_by_other_threads():
+    """Fake runs on symbolic sizes switch the Python dispatcher on (``symbolic_dispatch``):
+    another thread, running eager ops meanwhile, must not dispatch through it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from fxopt.analysis.shapes import symbolic_dispatch
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    symbolic = mode.from_tensor(torch.randn(4, 3), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    key = torch._C.DispatchKey.PythonDispatcher
+    inside, entered, looked = {}, threading.Event(), threading.Event()
+
+    def other() -> None:
+        entered.wait()
+        inside["other"] = torch._C._dispatch_tls_is_dispatch_key_included(key)
+        looked.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with symbolic_dispatch([symbolic]):
+        inside["mine"] = torch._C._dispatch_tls_is_dispatch_key_included(key)
+        entered.set()
+        looked.wait(timeout=30)
+    thread.join()
+    assert inside == {"mine": True, "other": False}
+    with symbolic_dispatch([torch.randn(4, 3)]):  # static sizes: nothing switched on
+        assert not torch._C._dispatch_tls_is_dispatch_key_included(key)
